@@ -1,0 +1,57 @@
+# triton-edge-kit. The first target you run creates .venv and installs the kit into it.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+SPEC   ?= deploy.yaml
+REPO   ?= model_repository
+STAMP  := $(VENV)/.installed-stamp
+SAMPLE := models/edge_mlp.onnx
+
+.PHONY: help setup demo test configs serve infer sample-model validate lint clean
+
+help:
+	@echo "make demo      the whole loop on this machine (real tritonserver on the CPU)"
+	@echo "make test      the test suite"
+	@echo "make configs   generate $(REPO)/ from $(SPEC)"
+	@echo "make serve     serve $(SPEC)'s models locally until Ctrl-C"
+	@echo "make infer     one request to the served model (MODEL=edge_mlp)"
+	@echo "make validate  check $(SPEC) and its ONNX files"
+	@echo "make clean     remove everything generated"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $@
+
+setup: $(STAMP)
+
+$(SAMPLE): | $(STAMP)
+	$(BIN)/tritonkit sample-model --out $@
+
+sample-model: $(SAMPLE)
+
+demo: $(STAMP)
+	$(BIN)/tritonkit demo --spec $(SPEC) --repo $(REPO)
+
+test: $(STAMP)
+	$(BIN)/pytest
+
+validate: $(STAMP) $(SAMPLE)
+	$(BIN)/tritonkit validate --spec $(SPEC)
+
+configs: $(STAMP) $(SAMPLE)
+	$(BIN)/tritonkit configs --spec $(SPEC) --out $(REPO)
+
+serve: $(STAMP) $(SAMPLE)
+	$(BIN)/tritonkit serve --spec $(SPEC) --repo $(REPO)
+
+MODEL ?= edge_mlp
+infer: $(STAMP)
+	$(BIN)/tritonkit infer --model $(MODEL)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(REPO)/*/ .tritonkit models

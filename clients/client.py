@@ -1,0 +1,252 @@
+"""A small typed client over tritonclient: numpy in, numpy out, typed errors.
+
+`Client` is synchronous, `AsyncClient` asyncio; both speak HTTP or gRPC. Request building and
+response reading are shared; only the calls differ. Model control (load/unload) goes through the
+restricted model-repository API, so those calls carry the key headers given at construction.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
+from tritonkit.clients.errors import BadInputError, classify
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]  # as Triton reports it: batch axis first (-1) when max_batch_size > 0
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    name: str
+    inputs: tuple[TensorMeta, ...]
+    outputs: tuple[TensorMeta, ...]
+    max_batch_size: int
+
+    def random_inputs(self, batch: int = 1, rng: np.random.Generator | None = None,
+                      dims: dict[str, list[int]] | None = None) -> dict[str, np.ndarray]:
+        """Random data matching the metadata. Dynamic dims take `dims[name]` (per sample) or 1."""
+        rng = rng or np.random.default_rng()
+        out = {}
+        for t in self.inputs:
+            per_sample = list(t.shape[1:] if self.max_batch_size > 0 else t.shape)
+            chosen = (dims or {}).get(t.name)
+            per_sample = [c if d == -1 else d for d, c in zip(per_sample, chosen)] if chosen else \
+                [1 if d == -1 else d for d in per_sample]
+            shape = ([batch] if self.max_batch_size > 0 else []) + per_sample
+            dtype = triton_to_np_dtype(t.datatype)
+            if np.issubdtype(dtype, np.floating):
+                out[t.name] = rng.standard_normal(shape).astype(dtype)
+            elif dtype == np.bool_:
+                out[t.name] = rng.integers(0, 2, shape).astype(np.bool_)
+            elif np.issubdtype(dtype, np.integer):
+                out[t.name] = rng.integers(0, 100, shape).astype(dtype)
+            else:
+                out[t.name] = np.array([b"x"] * int(np.prod(shape)), dtype=np.object_).reshape(shape)
+        return out
+
+
+def _protocol_module(protocol: str, aio: bool):
+    if protocol == "grpc":
+        import tritonclient.grpc as m
+        if aio:
+            import tritonclient.grpc.aio as m
+    elif protocol == "http":
+        import tritonclient.http as m
+        if aio:
+            import tritonclient.http.aio as m
+    else:
+        raise ValueError(f"protocol must be 'grpc' or 'http', not {protocol!r}")
+    return m
+
+
+def _as_dict(obj: Any) -> dict:
+    """gRPC answers with protobuf messages, HTTP with dicts; normalise to dicts."""
+    if isinstance(obj, dict):
+        return obj
+    return json_format.MessageToDict(obj, preserving_proto_field_name=True)
+
+
+def _meta(name: str, metadata: dict, config: mc.ModelConfig) -> ModelMeta:
+    def tensors(items):
+        return tuple(TensorMeta(t["name"], t["datatype"], tuple(int(d) for d in t["shape"])) for t in items)
+
+    return ModelMeta(name, tensors(metadata.get("inputs", [])), tensors(metadata.get("outputs", [])),
+                     config.max_batch_size)
+
+
+def _config(obj: Any) -> mc.ModelConfig:
+    if isinstance(obj, dict):
+        return json_format.ParseDict(obj, mc.ModelConfig(), ignore_unknown_fields=True)
+    # Re-parse into this module's class: the gRPC stub's message comes from another descriptor
+    # pool, and messages from two pools never compare equal.
+    cfg = mc.ModelConfig()
+    cfg.ParseFromString(obj.config.SerializeToString())
+    return cfg
+
+
+class _Base:
+    def __init__(self, url: str, protocol: str = "grpc", key_headers: dict[str, str] | None = None, aio=False):
+        self.url = url
+        self.protocol = protocol
+        # Triton's gRPC frontend matches restricted-protocol keys with this prefix on the header name.
+        prefix = "triton-grpc-protocol-" if protocol == "grpc" else ""
+        self.key_headers = {prefix + k: v for k, v in (key_headers or {}).items()}
+        self._m = _protocol_module(protocol, aio)
+        self._meta_cache: dict[str, ModelMeta] = {}
+
+    def _build(self, arrays: dict[str, np.ndarray], outputs: list[str] | None):
+        inputs = []
+        for name, a in arrays.items():
+            a = np.asarray(a)
+            try:
+                dtype = np_to_triton_dtype(a.dtype)
+            except Exception:  # noqa: BLE001
+                dtype = None
+            if dtype is None:
+                raise BadInputError(f"input {name!r}: numpy dtype {a.dtype} has no Triton equivalent")
+            t = self._m.InferInput(name, list(a.shape), dtype)
+            t.set_data_from_numpy(a)
+            inputs.append(t)
+        outs = [self._m.InferRequestedOutput(n) for n in outputs] if outputs else None
+        return inputs, outs
+
+    @staticmethod
+    def _read(result, names: list[str]) -> dict[str, np.ndarray]:
+        return {n: result.as_numpy(n) for n in names}
+
+    def _infer_kwargs(self, priority: int, timeout_us: int | None, request_id: str) -> dict:
+        kw: dict[str, Any] = {"priority": priority, "request_id": request_id}
+        if timeout_us is not None:
+            kw["timeout"] = timeout_us  # server-side: how long the request may wait in Triton's queue
+        return kw
+
+    def _config_kwargs(self) -> dict:
+        return {} if self.protocol == "http" else {"as_json": False}
+
+
+class Client(_Base):
+    def __init__(self, url: str, protocol: str = "grpc", key_headers: dict[str, str] | None = None,
+                 network_timeout_s: float = 60.0):
+        super().__init__(url, protocol, key_headers)
+        kwargs = {"network_timeout": network_timeout_s, "connection_timeout": network_timeout_s} \
+            if protocol == "http" else {}
+        self._c = self._m.InferenceServerClient(url, **kwargs)
+
+    def _call(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - every failure leaves here typed
+            raise classify(e) from e
+
+    def live(self) -> bool:
+        try:
+            return bool(self._c.is_server_live())
+        except Exception:  # noqa: BLE001
+            return False
+
+    def model_ready(self, model: str) -> bool:
+        try:
+            return bool(self._c.is_model_ready(model))
+        except Exception:  # noqa: BLE001
+            return False
+
+    def config(self, model: str) -> mc.ModelConfig:
+        return _config(self._call(self._c.get_model_config, model, **self._config_kwargs()))
+
+    def metadata(self, model: str, refresh: bool = False) -> ModelMeta:
+        if refresh or model not in self._meta_cache:
+            md = _as_dict(self._call(self._c.get_model_metadata, model))
+            self._meta_cache[model] = _meta(model, md, self.config(model))
+        return self._meta_cache[model]
+
+    def infer(self, model: str, arrays: dict[str, np.ndarray], *, priority: int = 0,
+              timeout_us: int | None = None, outputs: list[str] | None = None,
+              request_id: str = "") -> dict[str, np.ndarray]:
+        names = outputs or [t.name for t in self.metadata(model).outputs]
+        inputs, outs = self._build(arrays, outputs)
+        result = self._call(self._c.infer, model, inputs, outputs=outs,
+                            **self._infer_kwargs(priority, timeout_us, request_id))
+        return self._read(result, names)
+
+    def statistics(self, model: str) -> dict:
+        stats = _as_dict(self._call(self._c.get_inference_statistics, model))
+        return stats["model_stats"][0]
+
+    def load(self, model: str, config: mc.ModelConfig | None = None) -> None:
+        """Load or reload a model; with `config`, Triton uses it instead of the file's config."""
+        kw: dict[str, Any] = {"headers": self.key_headers}
+        if config is not None:
+            kw["config"] = json_format.MessageToJson(config, preserving_proto_field_name=True)
+        self._call(self._c.load_model, model, **kw)
+        self._meta_cache.pop(model, None)
+
+    def unload(self, model: str) -> None:
+        self._call(self._c.unload_model, model, headers=self.key_headers)
+        self._meta_cache.pop(model, None)
+
+    def close(self) -> None:
+        self._c.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncClient(_Base):
+    """asyncio client; create it inside the running event loop."""
+
+    def __init__(self, url: str, protocol: str = "grpc", key_headers: dict[str, str] | None = None):
+        super().__init__(url, protocol, key_headers, aio=True)
+        self._c = self._m.InferenceServerClient(url)
+
+    async def _call(self, fn, *args, **kwargs):
+        try:
+            return await fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001
+            raise classify(e) from e
+
+    async def config(self, model: str) -> mc.ModelConfig:
+        return _config(await self._call(self._c.get_model_config, model, **self._config_kwargs()))
+
+    async def metadata(self, model: str) -> ModelMeta:
+        if model not in self._meta_cache:
+            md = _as_dict(await self._call(self._c.get_model_metadata, model))
+            self._meta_cache[model] = _meta(model, md, await self.config(model))
+        return self._meta_cache[model]
+
+    async def infer(self, model: str, arrays: dict[str, np.ndarray], *, priority: int = 0,
+                    timeout_us: int | None = None, outputs: list[str] | None = None,
+                    request_id: str = "") -> dict[str, np.ndarray]:
+        names = outputs or [t.name for t in (await self.metadata(model)).outputs]
+        inputs, outs = self._build(arrays, outputs)
+        result = await self._call(self._c.infer, model, inputs, outputs=outs,
+                                  **self._infer_kwargs(priority, timeout_us, request_id))
+        return self._read(result, names)
+
+    async def statistics(self, model: str) -> dict:
+        return _as_dict(await self._call(self._c.get_inference_statistics, model))["model_stats"][0]
+
+    async def close(self) -> None:
+        await self._c.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+def config_json(cfg: mc.ModelConfig) -> str:
+    return json.dumps(json_format.MessageToDict(cfg, preserving_proto_field_name=True))

@@ -1,0 +1,197 @@
+"""Build each model's ModelConfig from the spec and write the repository folder.
+
+The message is built with Triton's own protobuf schema (`model_config_pb2`), so a field that
+Triton does not know cannot be written, and text_format prints it the way Triton parses it.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from tritonkit import onnx_io
+from tritonkit.errors import InputError, Problem
+from tritonkit.files import copy_file_atomic, write_bytes_atomic
+from tritonkit.spec import ModelSpec, QueuePolicy, Spec, TensorSpec, load_spec
+
+VERSION = "1"  # one served version per model; the repository is regenerated, not versioned by hand
+RUNNER_FILE = "runner_model.py"
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model with everything the spec left to defaults filled in: tensors, runtime, instance kind."""
+
+    spec: ModelSpec
+    onnx_path: Path
+    runtime: str  # tensorrt | onnxruntime | python-onnxruntime
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+def gpu_present() -> bool:
+    """TensorRT is importable and an NVIDIA device node exists."""
+    if not Path("/dev/nvidia0").exists():
+        return False
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_runtime(m: ModelSpec, target: str) -> str:
+    """`auto`: TensorRT where a GPU and TensorRT are present; otherwise the ONNX path that the
+    target server has: the python backend on the bundled local server, onnxruntime in NGC images."""
+    if m.runtime != "auto":
+        return m.runtime
+    if gpu_present():
+        return "tensorrt"
+    return "python-onnxruntime" if target == "local" else "onnxruntime"
+
+
+def _merge(declared: list[TensorSpec] | None, graph: tuple[onnx_io.GraphTensor, ...],
+           batched: bool) -> tuple[TensorSpec, ...]:
+    """Spec tensors win field by field; what they leave out comes from the graph."""
+    from_graph = {t.name: onnx_io.per_sample(t, batched) for t in graph}
+    if declared is None:
+        return tuple(from_graph.values())
+    out = []
+    for t in declared:
+        g = from_graph[t.name]
+        out.append(t.model_copy(update={"dtype": t.dtype or g.dtype, "dims": t.dims if t.dims is not None else g.dims}))
+    return tuple(out)
+
+
+def resolve(spec: Spec, m: ModelSpec, target: str = "local") -> ResolvedModel:
+    path = spec.onnx_path(m)
+    io = onnx_io.read_io(path)
+    batched = m.max_batch_size > 0
+    return ResolvedModel(m, path, resolve_runtime(m, target),
+                         _merge(m.inputs, io.inputs, batched), _merge(m.outputs, io.outputs, batched))
+
+
+def _queue_policy(p: QueuePolicy) -> mc.ModelQueuePolicy:
+    return mc.ModelQueuePolicy(
+        timeout_action=mc.ModelQueuePolicy.TimeoutAction.Value(p.timeout_action),
+        default_timeout_microseconds=p.default_timeout_us,
+        allow_timeout_override=p.allow_timeout_override,
+        max_queue_size=p.max_queue_size,
+    )
+
+
+def _warmup_dims(t: TensorSpec) -> list[int]:
+    shape = t.opt or t.min
+    return [d if d != -1 else (shape[j] if shape else 1) for j, d in enumerate(t.dims or [])]
+
+
+def build_config(r: ResolvedModel) -> mc.ModelConfig:
+    m = r.spec
+    cfg = mc.ModelConfig(name=m.name, max_batch_size=m.max_batch_size)
+    if r.runtime == "python-onnxruntime":
+        cfg.backend = "python"
+        cfg.parameters["intra_op_threads"].string_value = str(m.threads)
+    elif r.runtime == "onnxruntime":
+        cfg.platform = "onnxruntime_onnx"
+        cfg.parameters["intra_op_thread_count"].string_value = str(m.threads)
+    else:
+        cfg.platform = "tensorrt_plan"
+    for t in r.inputs:
+        cfg.input.add(name=t.name, data_type=mc.DataType.Value(f"TYPE_{t.dtype}"), dims=t.dims)
+    for t in r.outputs:
+        cfg.output.add(name=t.name, data_type=mc.DataType.Value(f"TYPE_{t.dtype}"), dims=t.dims)
+
+    b = m.batching
+    if b.enabled and m.max_batch_size > 0:
+        db = cfg.dynamic_batching
+        db.SetInParent()  # an empty dynamic_batching {} still turns the batcher on
+        db.preferred_batch_size.extend(b.preferred_batch_sizes)
+        db.max_queue_delay_microseconds = b.max_queue_delay_us
+        db.preserve_ordering = b.preserve_ordering
+        db.priority_levels = b.priority_levels
+        db.default_priority_level = b.default_priority
+        if b.default_queue_policy:
+            db.default_queue_policy.CopyFrom(_queue_policy(b.default_queue_policy))
+        for level, pol in sorted(b.priority_queue_policies.items()):
+            db.priority_queue_policy[level].CopyFrom(_queue_policy(pol))
+
+    kind = m.instances.kind
+    if kind == "auto":
+        kind = "gpu" if r.runtime == "tensorrt" else "cpu"
+    group = cfg.instance_group.add(count=m.instances.count,
+                                   kind=mc.ModelInstanceGroup.Kind.Value(f"KIND_{kind.upper()}"))
+    group.gpus.extend(m.instances.gpus)
+    if m.response_cache:
+        cfg.response_cache.enable = True
+    if m.warmup:
+        # Warm at batch 1 and at the largest batch, so the first full batch in production does
+        # not pay the runtime's first-time allocations.
+        for size in dict.fromkeys([1, m.max_batch_size] if m.max_batch_size else [0]):
+            w = cfg.model_warmup.add(name=f"random_batch_{size}", batch_size=size)
+            for t in r.inputs:
+                w.inputs[t.name].CopyFrom(mc.ModelWarmup.Input(
+                    data_type=mc.DataType.Value(f"TYPE_{t.dtype}"), dims=_warmup_dims(t), random_data=True))
+    return cfg
+
+
+def render(cfg: mc.ModelConfig) -> str:
+    return text_format.MessageToString(cfg)
+
+
+def parse(text: str) -> mc.ModelConfig:
+    return text_format.Parse(text, mc.ModelConfig())
+
+
+def runner_source() -> Path:
+    return Path(str(importlib.resources.files("tritonkit.configs") / RUNNER_FILE))
+
+
+@dataclass
+class WriteReport:
+    model: str
+    runtime: str
+    config_path: Path
+    changed: list[Path]
+
+
+def write_model(r: ResolvedModel, cfg: mc.ModelConfig, out: Path) -> WriteReport:
+    """Version files first, config.pbtxt last: a config never points at files not yet there."""
+    folder = out / r.spec.name
+    version = folder / VERSION
+    changed: list[Path] = []
+    if r.runtime in ("python-onnxruntime", "onnxruntime") and copy_file_atomic(r.onnx_path, version / "model.onnx"):
+        changed.append(version / "model.onnx")
+    if r.runtime == "python-onnxruntime":
+        if copy_file_atomic(runner_source(), version / "model.py"):
+            changed.append(version / "model.py")
+    elif (version / "model.py").exists():
+        (version / "model.py").unlink()  # a stale runner would mislead whoever reads the folder
+        changed.append(version / "model.py")
+    cfg_path = folder / "config.pbtxt"
+    if write_bytes_atomic(cfg_path, render(cfg).encode(), keep_previous=True):
+        changed.append(cfg_path)
+    return WriteReport(r.spec.name, r.runtime, cfg_path, changed)
+
+
+def _engine_problems(spec: Spec, resolved: list[ResolvedModel], out: Path) -> list[Problem]:
+    return [Problem(spec.shown, f"models[{spec.models.index(r.spec)}].runtime",
+                    f"tensorrt needs the engine {out / r.spec.name / VERSION / 'model.plan'}, which does not exist",
+                    "build it first (`tritonkit build`) or set runtime: onnxruntime")
+            for r in resolved if r.runtime == "tensorrt" and not (out / r.spec.name / VERSION / "model.plan").exists()]
+
+
+def generate(spec_path: Path, out: Path, target: str = "local", models: list[str] | None = None) -> list[WriteReport]:
+    """Validate everything and build every config in memory; only then touch the disk."""
+    spec = load_spec(spec_path)
+    out = Path(out)
+    chosen = [spec.model(n) for n in models] if models else spec.models
+    resolved = [resolve(spec, m, target) for m in chosen]
+    problems = _engine_problems(spec, resolved, out)
+    if problems:
+        raise InputError(problems)
+    configs = [build_config(r) for r in resolved]
+    return [write_model(r, cfg, out) for r, cfg in zip(resolved, configs)]

@@ -1,0 +1,154 @@
+"""Every rule a spec must pass before anything is written: one function per rule family.
+
+Most are Triton's own load-time rules (a config that breaks them is refused at load); checking
+them here turns a server log line into an error that names the deploy.yaml field and the fix.
+"""
+
+from __future__ import annotations
+
+from tritonkit.errors import Problem
+from tritonkit.spec import Batching, ModelSpec, QueuePolicy, ServerSpec, Spec, TensorSpec
+
+
+def spec_problems(spec: Spec, check_onnx: bool = True) -> list[Problem]:
+    from tritonkit import onnx_io
+
+    file = spec.shown
+    problems = duplicate_names(file, spec) + server_ports(file, spec.server)
+    for i, m in enumerate(spec.models):
+        at = f"models[{i}]"
+        problems += batching_rules(file, at, m)
+        problems += instance_rules(file, at, m)
+        for kind in ("inputs", "outputs"):
+            for j, t in enumerate(getattr(m, kind) or []):
+                problems += shape_range_rules(file, f"{at}.{kind}[{j}]", t)
+        if check_onnx:
+            try:
+                io = onnx_io.read_io(spec.onnx_path(m))
+            except onnx_io.OnnxReadError as e:
+                problems.append(Problem(file, f"{at}.onnx", f"cannot read {spec.onnx_path(m)}: {e}",
+                                        "point onnx: at a valid ONNX file (`tritonkit sample-model` writes one)"))
+                continue
+            problems += onnx_io.check_against_graph(file, at, m, io)
+    return problems
+
+
+def duplicate_names(file: str, spec: Spec) -> list[Problem]:
+    problems, seen = [], set()
+    for i, m in enumerate(spec.models):
+        if m.name in seen:
+            problems.append(Problem(file, f"models[{i}].name", f"{m.name!r} is used by more than one model",
+                                    "give each model a unique name (it is its folder in the repository)"))
+        seen.add(m.name)
+    return problems
+
+
+def server_ports(file: str, server: ServerSpec) -> list[Problem]:
+    ports = {"http_port": server.http_port, "grpc_port": server.grpc_port, "metrics_port": server.metrics_port}
+    seen: dict[int, str] = {}
+    problems = []
+    for key, port in ports.items():
+        if port and port in seen:
+            problems.append(Problem(file, f"server.{key}", f"{port} is also {seen[port]}",
+                                    "give each endpoint its own port (0 picks a free one)"))
+        seen.setdefault(port, key)
+    return problems
+
+
+def batching_rules(file: str, at: str, m: ModelSpec) -> list[Problem]:
+    b: Batching = m.batching
+    p = f"{at}.batching"
+    problems: list[Problem] = []
+    if not b.enabled:
+        return problems
+    if m.max_batch_size == 0 and b.preferred_batch_sizes:
+        problems.append(Problem(file, f"{p}.preferred_batch_sizes", "set, but max_batch_size is 0 (no batch axis)",
+                                "remove preferred_batch_sizes or set max_batch_size above 0"))
+    else:
+        for k, size in enumerate(b.preferred_batch_sizes):
+            if size < 1:
+                problems.append(Problem(file, f"{p}.preferred_batch_sizes[{k}]", f"{size} is below 1",
+                                        "use sizes from 1 to max_batch_size"))
+            elif size > m.max_batch_size:
+                problems.append(Problem(file, f"{p}.preferred_batch_sizes[{k}]",
+                                        f"{size} is above max_batch_size {m.max_batch_size}",
+                                        f"lower it to at most {m.max_batch_size} or raise max_batch_size"))
+            elif size in b.preferred_batch_sizes[:k]:
+                problems.append(Problem(file, f"{p}.preferred_batch_sizes[{k}]", f"{size} is listed twice",
+                                        "list each size once"))
+    levels = b.priority_levels
+    if levels == 0:
+        if b.default_priority:
+            problems.append(Problem(file, f"{p}.default_priority",
+                                    f"{b.default_priority} is set but priority_levels is 0",
+                                    "set priority_levels, or remove default_priority"))
+        if b.priority_queue_policies:
+            problems.append(Problem(file, f"{p}.priority_queue_policies", "set but priority_levels is 0",
+                                    "set priority_levels to the number of levels you use"))
+    else:
+        if not 1 <= b.default_priority <= levels:
+            problems.append(Problem(file, f"{p}.default_priority",
+                                    f"{b.default_priority} is outside the priority levels 1..{levels}",
+                                    f"use a level from 1 (highest) to {levels}"))
+        for level in b.priority_queue_policies:
+            if not 1 <= level <= levels:
+                problems.append(Problem(file, f"{p}.priority_queue_policies.{level}",
+                                        f"level {level} is outside the priority levels 1..{levels}",
+                                        f"use levels from 1 to {levels}"))
+    policies: list[tuple[str, QueuePolicy]] = []
+    if b.default_queue_policy:
+        policies.append((f"{p}.default_queue_policy", b.default_queue_policy))
+    policies += [(f"{p}.priority_queue_policies.{lv}", pol) for lv, pol in b.priority_queue_policies.items()]
+    if b.preserve_ordering:
+        if levels > 1:
+            problems.append(Problem(file, f"{p}.preserve_ordering",
+                                    f"cannot be combined with {levels} priority levels (responses would wait "
+                                    "behind lower-priority requests)",
+                                    "set preserve_ordering: false or priority_levels: 1"))
+        for where, pol in policies:
+            if pol.timeout_action == "DELAY":
+                problems.append(Problem(file, f"{where}.timeout_action",
+                                        "DELAY cannot be combined with preserve_ordering",
+                                        "use REJECT, or set preserve_ordering: false"))
+    for where, pol in policies:
+        if pol.default_timeout_us and pol.default_timeout_us <= b.max_queue_delay_us:
+            problems.append(Problem(file, f"{where}.default_timeout_us",
+                                    f"{pol.default_timeout_us} us is not above max_queue_delay_us "
+                                    f"{b.max_queue_delay_us}: requests would time out while the batcher still waits",
+                                    f"raise it above {b.max_queue_delay_us} (or lower max_queue_delay_us)"))
+    return problems
+
+
+def instance_rules(file: str, at: str, m: ModelSpec) -> list[Problem]:
+    if m.instances.gpus and m.instances.kind == "cpu":
+        return [Problem(file, f"{at}.instances.gpus", "set for a cpu instance group",
+                        "remove gpus, or set kind: gpu")]
+    return []
+
+
+def shape_range_rules(file: str, at: str, t: TensorSpec) -> list[Problem]:
+    """min/opt/max describe per-sample shapes: same rank as dims, ordered, fixed dims unchanged."""
+    problems: list[Problem] = []
+    given = {k: getattr(t, k) for k in ("min", "opt", "max") if getattr(t, k) is not None}
+    if not given:
+        return problems
+    if t.dims is None:
+        return [Problem(file, f"{at}.dims", "missing, but min/opt/max are given", "add dims (-1 for dynamic)")]
+    for k, shape in given.items():
+        if len(shape) != len(t.dims):
+            problems.append(Problem(file, f"{at}.{k}", f"rank {len(shape)} differs from dims rank {len(t.dims)}",
+                                    f"give {len(t.dims)} values"))
+            continue
+        for j, (s, d) in enumerate(zip(shape, t.dims)):
+            if s < 1:
+                problems.append(Problem(file, f"{at}.{k}[{j}]", f"{s} is below 1", "use positive sizes"))
+            elif d != -1 and s != d:
+                problems.append(Problem(file, f"{at}.{k}[{j}]", f"{s} differs from the fixed dim {d}",
+                                        f"set it to {d}"))
+    if len(given) == 3 and all(len(s) == len(t.dims) for s in given.values()):
+        for j in range(len(t.dims)):
+            lo, mid, hi = t.min[j], t.opt[j], t.max[j]
+            if not lo <= mid <= hi:
+                problems.append(Problem(file, f"{at}.opt[{j}]", f"min {lo} <= opt {mid} <= max {hi} does not hold",
+                                        "order them min <= opt <= max"))
+    return problems

@@ -1,0 +1,96 @@
+"""Triton python-backend model that runs an ONNX file with ONNX Runtime (copied in as model.py).
+
+The dynamic batcher hands `execute` several requests at once. Requests whose per-sample shapes
+and dtypes agree are concatenated on the batch axis and run as one ONNX Runtime call, then the
+outputs are split back per request: that single call is where batching saves time. Requests with
+different dynamic dims run as separate groups; they are never padded, because padding changes
+results unless the model masks it. A request that cannot run gets its own error response; the
+others in the batch still succeed, and the stub never raises out of execute.
+
+Self-contained on purpose: the stub imports it with only numpy, onnxruntime and
+triton_python_backend_utils on its path.
+"""
+
+import json
+import os
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = int(params.get("intra_op_threads", "1") or 1)
+        options.inter_op_num_threads = 1
+        path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
+        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        self.input_names = [i["name"] for i in config["input"]]
+        self.output_names = [o["name"] for o in config["output"]]
+        self.batched = config.get("max_batch_size", 0) > 0
+
+    def _read(self, request):
+        feeds = {}
+        for name in self.input_names:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is None:
+                raise ValueError(f"input {name!r} is missing")
+            feeds[name] = tensor.as_numpy()
+        if self.batched:
+            sizes = {a.shape[0] for a in feeds.values()}
+            if len(sizes) != 1:
+                raise ValueError(f"inputs disagree on the batch size: {sorted(sizes)}")
+        return feeds
+
+    def _key(self, feeds):
+        # Requests can share one call only if every input matches in dtype and per-sample shape.
+        return tuple((n, a.dtype.str, a.shape[1:] if self.batched else a.shape) for n, a in feeds.items())
+
+    def _respond(self, outputs):
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(n, np.ascontiguousarray(o)) for n, o in zip(self.output_names, outputs)])
+
+    def _run_group(self, members):
+        """members: [(index, feeds)]. Returns [(index, response)]."""
+        if len(members) == 1 or not self.batched:
+            out = []
+            for i, feeds in members:
+                try:
+                    out.append((i, self._respond(self.session.run(self.output_names, feeds))))
+                except Exception as e:  # noqa: BLE001 - ORT raises many types; each becomes a Triton error
+                    out.append((i, _error(e)))
+            return out
+        feeds = {n: np.concatenate([f[n] for _, f in members]) for n in self.input_names}
+        try:
+            outputs = self.session.run(self.output_names, feeds)
+        except Exception:  # noqa: BLE001
+            # One bad request must not fail its neighbours: fall back to running each alone.
+            return [r for m in members for r in self._run_group([m])]
+        bounds = np.cumsum([next(iter(f.values())).shape[0] for _, f in members])[:-1]
+        parts = [np.split(o, bounds) for o in outputs]
+        return [(i, self._respond([p[k] for p in parts])) for k, (i, _) in enumerate(members)]
+
+    def execute(self, requests):
+        responses = [None] * len(requests)
+        groups = {}
+        for i, request in enumerate(requests):
+            try:
+                feeds = self._read(request)
+            except Exception as e:  # noqa: BLE001
+                responses[i] = _error(e)
+                continue
+            groups.setdefault(self._key(feeds), []).append((i, feeds))
+        for members in groups.values():
+            for i, response in self._run_group(members):
+                responses[i] = response
+        return responses
+
+    def finalize(self):
+        self.session = None
+
+
+def _error(exc):
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{type(exc).__name__}: {exc}"))

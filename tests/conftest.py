@@ -1,0 +1,118 @@
+"""Shared fixtures. The `triton` fixture is one real tritonserver for the whole session, started
+on free ports and always stopped by its own pid (LocalTriton.stop)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests import models
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# One spec exercising every dynamic_batching field; the server tests read these values back.
+SERVED_SPEC = {
+    "models": [
+        {
+            "name": "all_fields",
+            "onnx": "onnx/mlp.onnx",
+            "max_batch_size": 8,
+            "response_cache": True,
+            "instances": {"count": 2},
+            "batching": {
+                "preferred_batch_sizes": [2, 4],
+                "max_queue_delay_us": 1500,
+                "priority_levels": 3,
+                "default_priority": 2,
+                "default_queue_policy": {"timeout_action": "REJECT", "default_timeout_us": 100000,
+                                         "allow_timeout_override": True, "max_queue_size": 20},
+                "priority_queue_policies": {
+                    1: {"timeout_action": "DELAY", "default_timeout_us": 300000,
+                        "allow_timeout_override": False, "max_queue_size": 10},
+                    3: {"max_queue_size": 5, "default_timeout_us": 2000, "allow_timeout_override": True},
+                },
+            },
+        },
+        {
+            "name": "ordered",
+            "onnx": "onnx/mlp.onnx",
+            "max_batch_size": 4,
+            "batching": {"preserve_ordering": True, "priority_levels": 1, "default_priority": 1,
+                         "max_queue_delay_us": 500},
+        },
+        {
+            "name": "tiny_queue",
+            "onnx": "onnx/mlp_big.onnx",
+            "max_batch_size": 1,
+            "batching": {"default_queue_policy": {"max_queue_size": 2}},
+        },
+        {
+            "name": "seq_mean",
+            "onnx": "onnx/seq_mean.onnx",
+            "max_batch_size": 8,
+            "inputs": [{"name": "x", "dims": [-1], "min": [1], "opt": [4], "max": [16]}],
+            "batching": {"max_queue_delay_us": 20000, "preferred_batch_sizes": [3]},
+        },
+        {
+            "name": "reloadable",
+            "onnx": "onnx/mlp.onnx",
+            "max_batch_size": 8,
+            "batching": {"max_queue_delay_us": 1000},
+        },
+    ],
+    "server": {"http_port": 0, "grpc_port": 0, "metrics_port": 0},
+}
+
+
+def write_spec(folder: Path, data: dict) -> Path:
+    path = folder / "deploy.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="session")
+def onnx_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("onnx_models")
+    models.mlp(d / "mlp.onnx", width=256, layers=2)
+    models.mlp(d / "mlp_big.onnx", width=1024, layers=4)
+    models.seq_mean(d / "seq_mean.onnx")
+    models.two_input_int64(d / "two_input.onnx")
+    return d
+
+
+@pytest.fixture
+def workdir(tmp_path, onnx_dir) -> Path:
+    """A folder with onnx/ beside where deploy.yaml goes, like a user's checkout."""
+    (tmp_path / "onnx").symlink_to(onnx_dir)
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory, onnx_dir):
+    """The SERVED_SPEC models generated into a repository and served by a real tritonserver."""
+    from tritonkit.configs.generate import generate
+
+    from tritonkit.serving import running
+    from tritonkit.spec import load_spec
+
+    root = tmp_path_factory.mktemp("served")
+    (root / "onnx").symlink_to(onnx_dir)
+    spec_path = write_spec(root, SERVED_SPEC)
+    generate(spec_path, root / "repo")
+    spec = load_spec(spec_path)
+    with running(spec, root / "repo", root / "state") as r:
+        r.spec_path = spec_path
+        r.repo = root / "repo"
+        yield r
+
+
+def tritonkit(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300):
+    """Run the real `tritonkit` console script."""
+    exe = Path(sys.executable).parent / "tritonkit"
+    return subprocess.run([str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})

@@ -1,0 +1,132 @@
+"""`tritonkit serve` and `tritonkit infer` as a user runs them, and the failures they report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import tritonkit, write_spec
+
+pytestmark = pytest.mark.server
+
+SMALL = {"models": [{"name": "m", "onnx": "onnx/mlp.onnx", "max_batch_size": 4}],
+         "server": {"http_port": 0, "grpc_port": 0, "metrics_port": 0}}
+
+
+def _start_serve(workdir: Path, *extra: str) -> subprocess.Popen:
+    exe = Path(sys.executable).parent / "tritonkit"
+    return subprocess.Popen([str(exe), "serve", "--spec", "deploy.yaml", "--repo", "repo", "--state-dir", "state",
+                             *extra], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(proc: subprocess.Popen, needle: str, timeout: float = 120) -> str:
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen += line
+        if needle in line:
+            return seen
+    proc.kill()
+    raise AssertionError(f"never printed {needle!r}:\n{seen}\n{proc.stderr.read()}")
+
+
+def _stubs_under(folder: Path) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if str(folder) in cmd:
+            found.append(p)
+    return found
+
+
+def test_serve_infer_and_sigterm_leave_no_process(workdir):
+    write_spec(workdir, SMALL)
+    proc = _start_serve(workdir)
+    try:
+        banner = _wait_for(proc, "Ctrl-C stops the server")
+        assert "HTTP     http://127.0.0.1:" in banner and "loaded m" in banner
+        state = json.loads((workdir / "state/server.json").read_text())
+        assert oct((workdir / "state/server.json").stat().st_mode & 0o777) == "0o600"
+        server_pid = state["pid"]
+        assert psutil.pid_exists(server_pid)
+        stubs = [p for p in _stubs_under(workdir / "state") if p.pid != server_pid]
+        assert stubs, "the python-backend stub should be running"
+
+        res = tritonkit("infer", "--model", "m", "--state-dir", str(workdir / "state"), "--batch", "3")
+        assert res.returncode == 0, res.stderr
+        assert "output output: [3, 256] float32" in res.stdout
+        res = tritonkit("infer", "--model", "m", "--state-dir", str(workdir / "state"), "--protocol", "http")
+        assert res.returncode == 0 and "via http" in res.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    assert proc.returncode == 0, proc.stderr.read()
+    assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
+    assert not [p for p in _stubs_under(workdir / "state") if p.is_running()
+                and p.status() != psutil.STATUS_ZOMBIE], "stubs outlived the server"
+    assert not (workdir / "state/server.json").exists()
+
+
+def test_port_in_use_is_one_clear_message(workdir):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        write_spec(workdir, SMALL)
+        res = tritonkit("serve", "--spec", "deploy.yaml", "--repo", "repo", "--state-dir", "state",
+                        "--http-port", str(port), cwd=workdir)
+    assert res.returncode == 1
+    assert f"port {port} (server.http_port) is already in use" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_missing_binary_is_one_clear_message(workdir):
+    write_spec(workdir, SMALL)
+    res = tritonkit("serve", "--spec", "deploy.yaml", "--repo", "repo", "--state-dir", "state", cwd=workdir,
+                    env={"TRITONSERVER": str(workdir / "no/tritonserver")})
+    assert res.returncode == 1
+    assert "is not an executable file" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_model_that_fails_to_load_names_tritons_cause(workdir):
+    """The bundled server has no onnxruntime backend: Triton's own reason reaches the user."""
+    spec = {**SMALL, "models": [{**SMALL["models"][0], "runtime": "onnxruntime"}]}
+    write_spec(workdir, spec)
+    res = tritonkit("serve", "--spec", "deploy.yaml", "--repo", "repo", "--state-dir", "state", cwd=workdir)
+    assert res.returncode == 1
+    assert "model 'm' failed to load:" in res.stderr and "onnxruntime" in res.stderr
+    assert "Traceback" not in res.stderr
+    # and the server it started is gone
+    assert not [p for p in _stubs_under(workdir / "state") if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_infer_without_a_server_says_how_to_start_one(tmp_path):
+    res = tritonkit("infer", "--model", "m", "--state-dir", str(tmp_path / "state"))
+    assert res.returncode == 2 and "tritonkit serve" in res.stderr
+
+
+def test_demo_finishes_and_batches(tmp_path):
+    """`make demo`'s job on a small copy of the default spec: batches above 1 in Triton's stats."""
+    root = Path(__file__).resolve().parent.parent
+    spec = (root / "deploy.yaml").read_text()
+    (tmp_path / "deploy.yaml").write_text(spec)
+    env = {k: v for k, v in os.environ.items()}
+    res = tritonkit("demo", "--spec", "deploy.yaml", "--repo", "repo", "--state-dir", "state",
+                    "--requests", "600", "--concurrency", "16", cwd=tmp_path, env=env, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    hist = [ln for ln in res.stdout.splitlines() if "|" in ln]
+    sizes = [int(ln.split("|")[0]) for ln in hist]
+    assert sizes and max(sizes) > 1, res.stdout
+    assert "P95" in res.stdout and "tritonserver stopped" in res.stdout

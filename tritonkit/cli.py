@@ -1,0 +1,194 @@
+"""The `tritonkit` command line. Each subcommand is a thin shell over a library function; errors
+leave as one line per problem and an exit code (2: fix your input; 1: something failed)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tritonkit.errors import InputError, KitError
+
+DEFAULT_SPEC = Path("deploy.yaml")
+DEFAULT_REPO = Path("model_repository")
+DEFAULT_STATE = Path(".tritonkit")
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def cmd_validate(a: argparse.Namespace) -> int:
+    from tritonkit.spec import load_spec
+
+    spec = load_spec(a.spec)
+    say(f"{a.spec}: ok ({len(spec.models)} model(s): {', '.join(m.name for m in spec.models)})")
+    return 0
+
+
+def cmd_sample_model(a: argparse.Namespace) -> int:
+    from tritonkit import sample_model
+
+    t0 = time.perf_counter()
+    sample_model.write(a.out, width=a.width, layers=a.layers, seed=a.seed)
+    say(f"wrote {a.out} ({a.layers} x {a.width}x{a.width} FP32 MLP, {a.out.stat().st_size / 2**20:.0f} MiB) "
+        f"in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def cmd_configs(a: argparse.Namespace) -> int:
+    from tritonkit.configs.generate import generate
+
+    for r in generate(a.spec, a.out, a.target, a.model or None):
+        state = "updated" if r.changed else "unchanged"
+        say(f"{r.config_path}: {state} (runtime {r.runtime})")
+    return 0
+
+
+def _port_overrides(a: argparse.Namespace) -> dict[str, int]:
+    return {k: v for k in ("http_port", "grpc_port", "metrics_port") if (v := getattr(a, k)) is not None}
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    from tritonkit.configs.generate import generate
+    from tritonkit.serving import running
+    from tritonkit.spec import load_spec
+
+    spec = load_spec(a.spec)
+    generate(a.spec, a.repo)
+    stop = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stop["signal"] = signum
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    with running(spec, a.repo, a.state_dir, ports=_port_overrides(a), log=say) as r:
+        ep = r.endpoints
+        say(f"serving {', '.join(m.name for m in spec.models)}\n"
+            f"  HTTP     http://{ep.http}\n  gRPC     {ep.grpc}\n  metrics  {ep.metrics}\n"
+            f"  model control needs header {ep.key_header!r} (value in {a.state_dir}/server.json, or "
+            f"${spec.server.restricted_key.value_env})\nCtrl-C stops the server.")
+        while stop["signal"] is None:
+            if not r.server.alive():
+                raise KitError(f"tritonserver exited unexpectedly: {r.server.failure_reason()}")
+            time.sleep(0.2)
+        say("stopping ...")
+    return 0
+
+
+def cmd_infer(a: argparse.Namespace) -> int:
+    import numpy as np
+
+    from tritonkit.clients import Client
+    from tritonkit.server import read_state
+
+    url = a.url
+    if url is None:
+        ep = read_state(a.state_dir)
+        if ep is None:
+            raise InputError([_no_server(a.state_dir)])
+        url = ep.grpc if a.protocol == "grpc" else ep.http
+    with Client(url, a.protocol) as c:
+        meta = c.metadata(a.model)
+        arrays = meta.random_inputs(a.batch, np.random.default_rng(a.seed))
+        t0 = time.perf_counter()
+        out = c.infer(a.model, arrays, priority=a.priority, timeout_us=a.timeout_us)
+        ms = (time.perf_counter() - t0) * 1e3
+    say(f"{a.model} via {a.protocol} {url}: {ms:.2f} ms")
+    for name, arr in arrays.items():
+        say(f"  input  {name}: {list(arr.shape)} {arr.dtype}")
+    for name, arr in out.items():
+        say(f"  output {name}: {list(arr.shape)} {arr.dtype}")
+    return 0
+
+
+def _no_server(state_dir: Path):
+    from tritonkit.errors import Problem
+
+    return Problem(str(state_dir / "server.json"), "", "no running server started from here",
+                   "start one with `tritonkit serve` (or `make serve`), or pass --url HOST:PORT")
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from tritonkit.demo import run_demo
+
+    run_demo(a.spec, a.repo, a.state_dir, requests=a.requests, concurrency=a.concurrency)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tritonkit", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def spec_arg(sp):
+        sp.add_argument("--spec", type=Path, default=DEFAULT_SPEC, help="deploy.yaml (default: %(default)s)")
+
+    sp = sub.add_parser("validate", help="check deploy.yaml and the ONNX files it names")
+    spec_arg(sp)
+    sp.set_defaults(func=cmd_validate)
+
+    sp = sub.add_parser("sample-model", help="write the sample ONNX model (an MLP; no downloads)")
+    sp.add_argument("--out", type=Path, default=Path("models/edge_mlp.onnx"))
+    sp.add_argument("--width", type=int, default=2048)
+    sp.add_argument("--layers", type=int, default=4)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.set_defaults(func=cmd_sample_model)
+
+    sp = sub.add_parser("configs", help="generate config.pbtxt and version folders")
+    spec_arg(sp)
+    sp.add_argument("--out", type=Path, default=DEFAULT_REPO)
+    sp.add_argument("--target", choices=["local", "ngc"], default="local",
+                    help="server the repository is for: the bundled local server or an NGC image")
+    sp.add_argument("--model", action="append", help="only this model (repeatable)")
+    sp.set_defaults(func=cmd_configs)
+
+    sp = sub.add_parser("serve", help="serve the spec's models with a local tritonserver until Ctrl-C")
+    spec_arg(sp)
+    sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
+    sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+    for port in ("http-port", "grpc-port", "metrics-port"):
+        sp.add_argument(f"--{port}", type=int, help=f"override server.{port.replace('-', '_')} (0: a free port)")
+    sp.set_defaults(func=cmd_serve)
+
+    sp = sub.add_parser("infer", help="send one request with random data matching the model's metadata")
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--url", help="HOST:PORT (default: the server `tritonkit serve` started from here)")
+    sp.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    sp.add_argument("--batch", type=int, default=1)
+    sp.add_argument("--priority", type=int, default=0)
+    sp.add_argument("--timeout-us", type=int, default=None)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+    sp.set_defaults(func=cmd_infer)
+
+    sp = sub.add_parser("demo", help="the whole loop on this machine with a real tritonserver")
+    spec_arg(sp)
+    sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
+    sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+    sp.add_argument("--requests", type=int, default=2000)
+    sp.add_argument("--concurrency", type=int, default=32)
+    sp.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except InputError as e:
+        for problem in e.problems:
+            print(f"tritonkit: error: {problem}", file=sys.stderr)
+        return e.exit_code
+    except KitError as e:
+        print(f"tritonkit: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("tritonkit: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

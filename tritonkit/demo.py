@@ -1,0 +1,68 @@
+"""`make demo`: the whole loop on this machine with a real tritonserver on the CPU.
+
+sample model -> configs -> serve -> a concurrent burst -> latency and batch statistics -> stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from tritonkit import sample_model
+from tritonkit.clients.burst import burst
+from tritonkit.configs.generate import generate
+from tritonkit.serving import running
+from tritonkit.spec import load_spec, parse_spec
+from tritonkit.stats import batch_histogram, summary_ms
+
+
+def say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+def run_demo(spec_path: Path, repo: Path, state_dir: Path, requests: int = 2000, concurrency: int = 32) -> None:
+    say("== 1/4 sample model")
+    draft = parse_spec(spec_path)
+    onnx_path = draft.onnx_path(draft.models[0])
+    if onnx_path.exists():
+        say(f"{onnx_path} already there")
+    else:
+        sample_model.write(onnx_path)
+        say(f"wrote {onnx_path}")
+
+    say("== 2/4 configs")
+    for r in generate(spec_path, repo):
+        say(f"{r.config_path}: {'updated' if r.changed else 'unchanged'} (runtime {r.runtime})")
+    spec = load_spec(spec_path)
+    model = spec.models[0].name
+
+    say("== 3/4 serve (real tritonserver, free ports)")
+    ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
+    with running(spec, repo, state_dir, models=[model], ports=ports, log=say) as r:
+        say(f"  HTTP {r.endpoints.http}  gRPC {r.endpoints.grpc}  metrics {r.endpoints.metrics}")
+        say(f"== 4/4 burst: {requests} requests of batch 1 from {concurrency} concurrent gRPC clients")
+        # Warm-up first: the first large batches pay ONNX Runtime's allocations; keep them out.
+        asyncio.run(burst(r.endpoints.grpc, model, min(200, requests), concurrency))
+        with r.client() as c:
+            before = c.statistics(model)
+            result = asyncio.run(burst(r.endpoints.grpc, model, requests, concurrency))
+            after = c.statistics(model)
+    report(result, batch_histogram(before, after))
+
+
+def report(result, histogram: dict[int, int]) -> None:
+    s = summary_ms(result.latencies_s)
+    say(f"\nrequests  {result.sent} sent, {result.ok} ok, errors {dict(result.errors) or 'none'}")
+    for kind, message in result.examples.items():
+        say(f"  first {kind} error: {message[:160]}")
+    say(f"throughput {result.throughput:.0f} req/s over {result.wall_s:.1f} s")
+    say(f"latency   P50 {s['p50_ms']:.1f} ms   P95 {s['p95_ms']:.1f} ms   P99 {s['p99_ms']:.1f} ms   "
+        f"max {s['max_ms']:.1f} ms")
+    say("batch sizes Triton executed (from its statistics):")
+    total = sum(histogram.values()) or 1
+    width = max(histogram.values(), default=1)
+    for size, count in histogram.items():
+        bar = "#" * max(1, round(40 * count / width))
+        say(f"  {size:>3} | {bar} {count} ({100 * count / total:.0f}%)")
+    mean = sum(k * v for k, v in histogram.items()) / total
+    say(f"mean batch {mean:.1f} requests per execution")

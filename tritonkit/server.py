@@ -1,0 +1,322 @@
+"""Start and stop a real `tritonserver` on this machine.
+
+The binary comes from PATH when the user has one, else from the `nvidia-pytriton` wheel (Triton
+2.51, python backend only). The wheel keeps one python-backend stub per Python version, and the
+backend looks for its stub beside `libtriton_python.so`, so the kit lays out a backend folder of
+its own under the state dir instead of writing into site-packages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import importlib.util
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tritonkit.errors import ServerError
+from tritonkit.files import copy_file_atomic, write_bytes_atomic
+from tritonkit.spec import ServerSpec
+
+STATE_FILE = "server.json"
+
+
+@dataclass(frozen=True)
+class Install:
+    binary: Path
+    backend_dir: Path | None  # None: the binary's own default (/opt/tritonserver/backends)
+    cache_dir: Path | None
+    lib_dirs: tuple[Path, ...] = ()
+
+
+@dataclass
+class Endpoints:
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    key_header: str = ""
+    key_value: str = field(default="", repr=False)
+    pid: int = 0
+
+    @property
+    def http(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    @property
+    def key_headers(self) -> dict[str, str]:
+        """Headers for the restricted model-repository API (load/unload)."""
+        return {self.key_header: self.key_value} if self.key_header else {}
+
+
+def _bundle_root() -> Path | None:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def find_install() -> Install:
+    explicit = os.environ.get("TRITONSERVER")
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise ServerError(f"TRITONSERVER={explicit} is not an executable file "
+                              "(fix: point it at a tritonserver binary, or unset it to use the bundled one)")
+        return Install(Path(explicit), None, None)
+    on_path = _which("tritonserver")
+    if on_path:
+        return Install(Path(on_path), None, None)
+    root = _bundle_root()
+    if root is None or not (root / "tritonserver/bin/tritonserver").exists():
+        raise ServerError("no tritonserver found: none on PATH and the nvidia-pytriton wheel is not installed "
+                          "(fix: run `make setup`, or put tritonserver on PATH)")
+    dist = root / "tritonserver"
+    return Install(dist / "bin/tritonserver", dist / "backends", dist / "caches",
+                   (root.parent / "nvidia_pytriton.libs",))
+
+
+def _which(name: str) -> str | None:
+    import shutil
+
+    return shutil.which(name)
+
+
+def prepare_backends(install: Install, state_dir: Path) -> Install:
+    """Copy the bundled backend and cache into state_dir, with this Python's stub beside the backend."""
+    if install.backend_dir is None:
+        return install
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = install.binary.parent.parent / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise ServerError(f"the bundled tritonserver has no python-backend stub for Python {version} "
+                          "(fix: use Python 3.8-3.13, or put a tritonserver with its backends on PATH)")
+    backends = state_dir / "tritonserver" / "backends"
+    py = backends / "python"
+    for f in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        copy_file_atomic(install.backend_dir / "python" / f, py / f)
+    copy_file_atomic(stub, py / "triton_python_backend_stub")
+    (py / "triton_python_backend_stub").chmod(0o755)
+    caches = state_dir / "tritonserver" / "caches"
+    cache_lib = Path("local") / "libtritoncache_local.so"
+    copy_file_atomic(install.cache_dir / cache_lib, caches / cache_lib)
+    return Install(install.binary, backends, caches, install.lib_dirs)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _stub_env(install: Install) -> dict[str, str]:
+    """The stub embeds libpython: point it at this interpreter's libpython and site-packages, so
+    the model code sees the same numpy and onnxruntime as the kit."""
+    env = os.environ.copy()
+    libdirs = [str(d) for d in install.lib_dirs]
+    libpython_dir = sysconfig.get_config_var("LIBDIR")
+    if libpython_dir and Path(libpython_dir, sysconfig.get_config_var("LDLIBRARY") or "").exists():
+        libdirs.insert(0, libpython_dir)
+    if env.get("LD_LIBRARY_PATH"):
+        libdirs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = ":".join(libdirs)
+    paths = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = ":".join(dict.fromkeys(paths))
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    return env
+
+
+class LocalTriton:
+    """One tritonserver process with explicit model control. Use as a context manager, or call
+    start() and stop(). stop() signals the server by its own pid, then sweeps its process group
+    so that no python-backend stub outlives it."""
+
+    def __init__(self, repository: Path, server: ServerSpec, state_dir: Path, *, use_cache: bool = False,
+                 http_port: int | None = None, grpc_port: int | None = None, metrics_port: int | None = None,
+                 log_verbose: int = 0):
+        self.repository = Path(repository).resolve()
+        self.server = server
+        self.state_dir = Path(state_dir).resolve()
+        self.use_cache = use_cache
+        self.log_verbose = log_verbose
+        self._ports = {"http_port": http_port if http_port is not None else server.http_port,
+                       "grpc_port": grpc_port if grpc_port is not None else server.grpc_port,
+                       "metrics_port": metrics_port if metrics_port is not None else server.metrics_port}
+        self.proc: subprocess.Popen | None = None
+        self.endpoints: Endpoints | None = None
+        self.log_path = self.state_dir / "tritonserver.log"
+
+    # -- start -------------------------------------------------------------------------------
+    def _choose_ports(self) -> dict[str, int]:
+        host = self.server.host
+        chosen: dict[str, int] = {}
+        for key, port in self._ports.items():
+            if port == 0:
+                port = free_port(host)
+                while port in chosen.values():
+                    port = free_port(host)
+            elif not _port_free(host, port):
+                raise ServerError(f"port {port} (server.{key}) is already in use on {host} "
+                                  f"(fix: stop what uses it, or set server.{key} / --{key.replace('_', '-')} to "
+                                  "another port, 0 for a free one)")
+            chosen[key] = port
+        return chosen
+
+    def command(self, install: Install, ports: dict[str, int], key: tuple[str, str]) -> list[str]:
+        restricted = f"model-repository:{key[0]}={key[1]}"
+        cmd = [
+            str(install.binary),
+            f"--model-repository={self.repository}",
+            "--model-control-mode=explicit",
+            f"--http-address={self.server.host}", f"--http-port={ports['http_port']}",
+            f"--grpc-address={self.server.host}", f"--grpc-port={ports['grpc_port']}",
+            f"--metrics-address={self.server.host}", f"--metrics-port={ports['metrics_port']}",
+            "--allow-metrics=true", "--allow-gpu-metrics=false", "--allow-cpu-metrics=true",
+            "--metrics-config=summary_latencies=true",
+            f"--http-restricted-api={restricted}",
+            f"--grpc-restricted-protocol={restricted}",
+            "--strict-readiness=true",
+            "--exit-timeout-secs=10",
+            f"--log-verbose={self.log_verbose}",
+        ]
+        if install.backend_dir:
+            cmd.append(f"--backend-directory={install.backend_dir}")
+        if install.cache_dir:
+            cmd.append(f"--cache-directory={install.cache_dir}")
+        if self.use_cache:
+            cmd.append(f"--cache-config=local,size={self.server.response_cache_mb * 1024 * 1024}")
+        return cmd
+
+    def start(self) -> Endpoints:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        install = prepare_backends(find_install(), self.state_dir)
+        ports = self._choose_ports()
+        key = (self.server.restricted_key.header,
+               os.environ.get(self.server.restricted_key.value_env) or secrets.token_urlsafe(24))
+        cmd = self.command(install, ports, key)
+        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child for its whole life
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=_stub_env(install), start_new_session=True)
+        finally:
+            log.close()
+        self.endpoints = Endpoints(self.server.host, ports["http_port"], ports["grpc_port"], ports["metrics_port"],
+                                   key[0], key[1], self.proc.pid)
+        try:
+            self._wait_live()
+        except BaseException:
+            self.stop()
+            raise
+        self._write_state()
+        return self.endpoints
+
+    def _wait_live(self) -> None:
+        import urllib.error
+        import urllib.request
+
+        url = f"http://{self.endpoints.http}/v2/health/live"
+        deadline = time.monotonic() + self.server.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(f"tritonserver exited with code {self.proc.returncode} while starting: "
+                                  f"{self.failure_reason()} (full log: {self.log_path})")
+            try:
+                with urllib.request.urlopen(url, timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.1)
+        raise ServerError(f"tritonserver did not become live within {self.server.startup_timeout_s:.0f} s "
+                          f"(log: {self.log_path})")
+
+    def failure_reason(self) -> str:
+        """The most telling line of the server log: its first error line, else its last line."""
+        try:
+            lines = [ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return "no log"
+        errors = [ln for ln in lines if ln.startswith("E") or "error" in ln.lower()]
+        return (errors or lines or ["empty log"])[0][:400]
+
+    def _write_state(self) -> None:
+        data = json.dumps(asdict(self.endpoints) | {"repository": str(self.repository)}, indent=2).encode()
+        write_bytes_atomic(self.state_dir / STATE_FILE, data)
+        (self.state_dir / STATE_FILE).chmod(0o600)  # it holds the repository-API key
+
+    # -- stop --------------------------------------------------------------------------------
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.proc is None:
+            return
+        pid = self.proc.pid
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                self.proc.wait(5)
+        # The server was its own session leader, so its group id is its pid: this reaches stubs
+        # left behind by a server that was killed rather than shut down.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        (self.state_dir / STATE_FILE).unlink(missing_ok=True)
+        self.proc = None
+
+    def __enter__(self) -> LocalTriton:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def read_state(state_dir: Path) -> Endpoints | None:
+    """Endpoints of a server started by `tritonkit serve` from this folder, if it still runs."""
+    path = Path(state_dir) / STATE_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    data.pop("repository", None)
+    ep = Endpoints(**data)
+    try:
+        os.kill(ep.pid, 0)
+    except ProcessLookupError:
+        return None
+    return ep

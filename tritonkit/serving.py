@@ -1,0 +1,59 @@
+"""A spec's models served by a local tritonserver: start, load each model, stop.
+
+Used by `tritonkit serve`, the demo and the tests, so that all three start Triton the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonkit.clients import Client, TritonRequestError
+from tritonkit.errors import ServerError
+from tritonkit.server import Endpoints, LocalTriton
+from tritonkit.spec import Spec
+
+
+@dataclass
+class Running:
+    server: LocalTriton
+    endpoints: Endpoints
+
+    def client(self, protocol: str = "grpc") -> Client:
+        url = self.endpoints.grpc if protocol == "grpc" else self.endpoints.http
+        return Client(url, protocol, self.endpoints.key_headers)
+
+    def load(self, model: str, log: Callable[[str], None] = lambda s: None) -> float:
+        """Load (or reload) a model from the repository; returns seconds taken."""
+        t0 = time.perf_counter()
+        with self.client() as c:
+            try:
+                c.load(model)
+            except TritonRequestError as e:
+                if not self.server.alive():
+                    raise ServerError(f"tritonserver stopped while loading {model!r}: "
+                                      f"{self.server.failure_reason()}") from None
+                raise ServerError(f"model {model!r} failed to load: {e} "
+                                  f"(server log: {self.server.log_path})") from None
+        took = time.perf_counter() - t0
+        log(f"  loaded {model} in {took:.1f} s")
+        return took
+
+
+@contextlib.contextmanager
+def running(spec: Spec, repository: Path, state_dir: Path, *, models: list[str] | None = None,
+            ports: dict[str, int] | None = None, log: Callable[[str], None] = lambda s: None) -> Iterator[Running]:
+    names = models if models is not None else [m.name for m in spec.models]
+    use_cache = any(spec.model(n).response_cache for n in names)
+    server = LocalTriton(repository, spec.server, state_dir, use_cache=use_cache, **(ports or {}))
+    log("starting tritonserver ...")
+    with server:
+        r = Running(server, server.endpoints)
+        log(f"  live (pid {server.proc.pid}); loading {len(names)} model(s)")
+        for name in names:
+            r.load(name, log)
+        yield r
+    log("tritonserver stopped")

@@ -1,0 +1,204 @@
+"""deploy.yaml: the one hand-written input. Parsed into typed models, every problem reported.
+
+Structure and types are checked here (pydantic). Rules that tie several fields together, and
+Triton's own load-time rules, live in `tritonkit.configs.rules`; what the ONNX graph says lives
+in `tritonkit.onnx_io`. `load_spec` runs all three and raises one InputError listing everything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tritonkit.errors import InputError, Problem
+
+# Triton's data type names without the TYPE_ prefix (model_config.proto DataType).
+DType = Literal[
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+    "FP16", "FP32", "FP64", "BF16", "STRING",
+]
+Runtime = Literal["auto", "tensorrt", "onnxruntime", "python-onnxruntime"]
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors: a typo such as `max_queue_delay_ms` must not be silently ignored.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorSpec(_Strict):
+    """One input or output. `dims` are per sample (no batch axis); -1 marks a dynamic dim."""
+
+    name: str = Field(min_length=1)
+    dtype: DType | None = None
+    dims: list[int] | None = None
+    # Shape range per sample for dynamic dims (used for engine profiles and load generation).
+    min: list[int] | None = None
+    opt: list[int] | None = None
+    max: list[int] | None = None
+
+
+class QueuePolicy(_Strict):
+    """Triton's ModelQueuePolicy: what happens to a request that waits too long or finds the queue full."""
+
+    timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
+    default_timeout_us: int = Field(0, ge=0)  # 0 = requests never time out in the queue
+    allow_timeout_override: bool = False
+    max_queue_size: int = Field(0, ge=0)  # 0 = unbounded
+
+
+class Batching(_Strict):
+    """Triton's dynamic_batching block."""
+
+    enabled: bool = True
+    preferred_batch_sizes: list[int] = Field(default_factory=list)
+    max_queue_delay_us: int = Field(0, ge=0)
+    priority_levels: int = Field(0, ge=0)
+    default_priority: int = Field(0, ge=0)
+    default_queue_policy: QueuePolicy | None = None
+    priority_queue_policies: dict[int, QueuePolicy] = Field(default_factory=dict)
+    preserve_ordering: bool = False
+
+
+class Instances(_Strict):
+    kind: Literal["auto", "cpu", "gpu"] = "auto"
+    count: int = Field(1, ge=1)
+    gpus: list[int] = Field(default_factory=list)
+
+
+class Slo(_Strict):
+    p95_ms: float | None = Field(None, gt=0)
+    rps: float | None = Field(None, gt=0)
+
+
+class ModelSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+    onnx: Path
+    inputs: list[TensorSpec] | None = None  # read from the ONNX graph when omitted
+    outputs: list[TensorSpec] | None = None
+    max_batch_size: int = Field(8, ge=0)  # 0 = the model has no batch axis
+    runtime: Runtime = "auto"
+    batching: Batching = Field(default_factory=Batching)
+    instances: Instances = Field(default_factory=Instances)
+    response_cache: bool = False
+    warmup: bool = True
+    threads: int = Field(1, ge=1)  # ONNX Runtime intra-op threads per instance
+    slo: Slo = Field(default_factory=Slo)
+    memory_budget_mb: float | None = Field(None, gt=0)
+
+
+class RestrictedKey(_Strict):
+    """The header that guards the model-repository API (load/unload). The value comes from the
+    environment, never from this file, so a spec can be committed without a secret in it."""
+
+    header: str = Field("tritonkit-key", pattern=r"^[A-Za-z0-9-]+$")
+    value_env: str = "TRITONKIT_API_KEY"
+
+
+class ServerSpec(_Strict):
+    host: str = "127.0.0.1"
+    http_port: int = Field(8000, ge=0, le=65535)  # 0 = pick a free port
+    grpc_port: int = Field(8001, ge=0, le=65535)
+    metrics_port: int = Field(8002, ge=0, le=65535)
+    restricted_key: RestrictedKey = Field(default_factory=RestrictedKey)
+    response_cache_mb: int = Field(64, ge=1)
+    startup_timeout_s: float = Field(120, gt=0)
+
+
+class DeploySpec(_Strict):
+    models: list[ModelSpec] = Field(min_length=1)
+    server: ServerSpec = Field(default_factory=ServerSpec)
+
+
+class Spec:
+    """A validated spec plus where it came from (relative ONNX paths resolve against its folder)."""
+
+    def __init__(self, data: DeploySpec, path: Path, shown: str | None = None):
+        self.data = data
+        self.path = path
+        self.shown = shown or str(path)  # the path as the user wrote it, for messages
+
+    @property
+    def models(self) -> list[ModelSpec]:
+        return self.data.models
+
+    @property
+    def server(self) -> ServerSpec:
+        return self.data.server
+
+    def onnx_path(self, model: ModelSpec) -> Path:
+        return model.onnx if model.onnx.is_absolute() else (self.path.parent / model.onnx)
+
+    def model(self, name: str) -> ModelSpec:
+        for m in self.models:
+            if m.name == name:
+                return m
+        known = ", ".join(m.name for m in self.models)
+        raise InputError([Problem(self.shown, "models", f"no model named {name!r}",
+                                  f"use one of: {known}")])
+
+
+def format_loc(loc: tuple) -> str:
+    """('models', 0, 'batching', 'preferred_batch_sizes', 1) -> models[0].batching.preferred_batch_sizes[1]"""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _pydantic_problems(file: str, err: ValidationError) -> list[Problem]:
+    problems = []
+    for e in err.errors():
+        path = format_loc(e["loc"])
+        kind = e["type"]
+        if kind == "extra_forbidden":
+            problems.append(Problem(file, path, "unknown key",
+                                    "remove it or check its spelling against the README's deploy.yaml reference"))
+        elif kind == "missing":
+            problems.append(Problem(file, path, "required key is missing", "add it"))
+        elif kind == "literal_error":
+            problems.append(Problem(file, path, f"{e['input']!r} is not allowed",
+                                    f"use {e['ctx']['expected']}"))
+        else:
+            problems.append(Problem(file, path, f"{e['input']!r}: {e['msg'].lower()}"))
+    return problems
+
+
+def parse_spec(path: Path) -> Spec:
+    """Read and type-check deploy.yaml. Raises InputError; never returns a half-valid spec."""
+    path = Path(path)
+    file = str(path)
+    if not path.is_file():
+        raise InputError([Problem(file, "", "spec file not found",
+                                  "pass --spec with the path of your deploy.yaml")])
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise InputError([Problem(file, where, f"not valid YAML: {getattr(e, 'problem', e)}",
+                                  "fix the YAML syntax")]) from None
+    if not isinstance(raw, dict):
+        raise InputError([Problem(file, "", "expected a mapping with a `models:` list at the top",
+                                  "see the README's deploy.yaml reference")])
+    try:
+        data = DeploySpec.model_validate(raw)
+    except ValidationError as e:
+        raise InputError(_pydantic_problems(file, e)) from None
+    return Spec(data, path.resolve(), shown=file)
+
+
+def load_spec(path: Path, check_onnx: bool = True) -> Spec:
+    """Parse, then apply the cross-field rules and (optionally) check against the ONNX graphs."""
+    from tritonkit.configs.rules import spec_problems
+
+    spec = parse_spec(path)
+    problems = spec_problems(spec, check_onnx=check_onnx)
+    if problems:
+        raise InputError(problems)
+    return spec
