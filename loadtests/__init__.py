@@ -1,0 +1,1 @@
+"""loadtests: Locust load tests and sweeps against a running Triton, with exact percentiles."""
