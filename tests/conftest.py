@@ -64,6 +64,13 @@ SERVED_SPEC = {
             "max_batch_size": 8,
             "batching": {"max_queue_delay_us": 1000},
         },
+        {
+            "name": "lookup",
+            "onnx": "onnx/lookup.onnx",
+            "max_batch_size": 8,
+            "warmup": False,  # random ids would fall outside the table
+            "batching": {"max_queue_delay_us": 20000, "preferred_batch_sizes": [4]},
+        },
     ],
     "server": {"http_port": 0, "grpc_port": 0, "metrics_port": 0},
 }
@@ -82,6 +89,7 @@ def onnx_dir(tmp_path_factory) -> Path:
     models.mlp(d / "mlp_big.onnx", width=1024, layers=4)
     models.seq_mean(d / "seq_mean.onnx")
     models.two_input_int64(d / "two_input.onnx")
+    models.lookup(d / "lookup.onnx")
     return d
 
 

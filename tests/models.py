@@ -40,3 +40,22 @@ def two_input_int64(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, path)
     return path
+
+
+def lookup(path: Path, rows: int = 10, width: int = 4) -> Path:
+    """ids: [batch, seq] INT64 -> table[ids]: [batch, seq, width]. An id outside 0..rows-1 passes
+    Triton's shape checks but fails inside ONNX Runtime: a request that is bad only at run time."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    table = numpy_helper.from_array(np.arange(rows * width, dtype=np.float32).reshape(rows, width), "table")
+    node = helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0)
+    graph = helper.make_graph([node], "lookup",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
+                              [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["batch", "seq", width])],
+                              initializer=[table])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+    return path

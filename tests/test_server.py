@@ -118,6 +118,28 @@ def test_runner_batches_requests_and_groups_different_lengths_without_padding(se
     assert max(hist) >= 2, f"no request was batched: {hist}"
 
 
+def test_a_request_that_fails_at_run_time_fails_alone(served):
+    """Four requests share one 20 ms batching window; one carries an id outside the table, so ONNX
+    Runtime fails on it. That request gets an error; the other three get correct rows."""
+    ids = [np.array([[1, 2]]), np.array([[3, 99]]), np.array([[0, 9]]), np.array([[4, 4]])]
+
+    async def main():
+        async with AsyncClient(served.endpoints.grpc) as c:
+            return await asyncio.gather(*(c.infer("lookup", {"ids": x}) for x in ids), return_exceptions=True)
+
+    with served.client() as c:
+        before = c.statistics("lookup")
+        outcomes = asyncio.run(main())
+        after = c.statistics("lookup")
+    table = np.arange(40, dtype=np.float32).reshape(10, 4)
+    for x, out in zip(ids, outcomes):
+        if 99 in x:
+            assert isinstance(out, Exception) and "indices" in str(out).lower(), out
+        else:
+            np.testing.assert_array_equal(out["rows"], table[x])
+    assert max(batch_histogram(before, after)) >= 2, "the four requests were not batched together"
+
+
 def test_runner_matches_onnxruntime(served, onnx_dir):
     session = ort.InferenceSession(str(onnx_dir / "mlp.onnx"), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(3).standard_normal((4, 256)).astype(np.float32)
