@@ -71,6 +71,13 @@ SERVED_SPEC = {
             "warmup": False,  # random ids would fall outside the table
             "batching": {"max_queue_delay_us": 20000, "preferred_batch_sizes": [4]},
         },
+        {
+            "name": "prio",
+            "onnx": "onnx/mlp_big.onnx",
+            "max_batch_size": 4,
+            "batching": {"preferred_batch_sizes": [4], "max_queue_delay_us": 1000, "priority_levels": 2,
+                         "default_priority": 2, "default_queue_policy": {"max_queue_size": 24}},
+        },
     ],
     "server": {"http_port": 0, "grpc_port": 0, "metrics_port": 0},
 }
@@ -104,7 +111,6 @@ def workdir(tmp_path, onnx_dir) -> Path:
 def served(tmp_path_factory, onnx_dir):
     """The SERVED_SPEC models generated into a repository and served by a real tritonserver."""
     from tritonkit.configs.generate import generate
-
     from tritonkit.serving import running
     from tritonkit.spec import load_spec
 

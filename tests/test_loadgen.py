@@ -1,0 +1,55 @@
+"""The asyncio load generator and the result schema, against a real tritonserver."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from tritonkit.loadtests.asyncgen import Load, RequestClass
+from tritonkit.loadtests.results import measure, write_result
+
+pytestmark = pytest.mark.server
+
+CLASSES = [RequestClass("interactive", weight=1, priority=1), RequestClass("bulk", weight=3, priority=2)]
+
+
+def test_overload_the_higher_priority_class_has_the_lower_p95(served, tmp_path):
+    """Offer far more than the model can serve: the bounded queue turns requests away as
+    queue_full, and the interactive class (priority 1) overtakes bulk in the queue."""
+    result = measure(served.endpoints, "prio", Load(rate=1600, duration_s=4, warmup_s=1), CLASSES)
+    inter, bulk = result["classes"]["interactive"], result["classes"]["bulk"]
+    print(json.dumps({k: {m: v[m] for m in ("requests", "ok", "errors", "p50_ms", "p95_ms")}
+                      for k, v in result["classes"].items()}))
+    assert inter["ok"] > 20 and bulk["ok"] > 20
+    assert inter["p95_ms"] < bulk["p95_ms"]
+    assert bulk["errors"].get("queue_full", 0) > 0
+    assert result["overall"]["requests"] == sum(c["requests"] for c in result["classes"].values())
+    for c in result["classes"].values():
+        assert c["ok"] + sum(c["errors"].values()) == c["requests"]  # every request accounted for
+    # the server's side is there too, from Triton's statistics
+    assert result["server"]["requests"] > 0 and result["server"]["queue_ms"] > 0
+    assert "request" in result["server_summary_us"]
+
+    js, cs = write_result(result, tmp_path)
+    assert json.loads(js.read_text())["schema"] == "tritonkit.result/1"
+    rows = list(csv.DictReader(cs.open()))
+    assert [r["class"] for r in rows] == ["interactive", "bulk", "overall"]
+
+
+def test_moderate_load_is_served_and_the_generator_keeps_up(served):
+    result = measure(served.endpoints, "reloadable", Load(rate=100, duration_s=3, warmup_s=0.5))
+    overall = result["overall"]
+    assert overall["ok"] == overall["requests"] > 200
+    assert not result["generator"]["saturated"], result["generator"]
+    assert result["client_overhead_ms"] is not None
+
+
+def test_generator_saturation_is_reported(served):
+    """Ask for far more than one Python process can send: the run says the generator, not the
+    server, was the limit."""
+    result = measure(served.endpoints, "reloadable", Load(rate=20000, duration_s=2, warmup_s=0.5))
+    gen = result["generator"]
+    assert gen["saturated"] and "load generator, not the server" in gen["warning"]
+    assert gen["achieved_rate"] < 20000 * 0.9
