@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from tritonkit.clients.client import AsyncClient
 from tritonkit.clients.errors import TritonRequestError
 

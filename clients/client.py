@@ -15,6 +15,7 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
+
 from tritonkit.clients.errors import BadInputError, classify
 
 

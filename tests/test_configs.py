@@ -5,9 +5,9 @@ from __future__ import annotations
 import copy
 
 from tritonclient.grpc import model_config_pb2 as mc
-from tritonkit.configs.generate import build_config, generate, parse, render, resolve
 
 from tests.conftest import SERVED_SPEC, tritonkit, write_spec
+from tritonkit.configs.generate import build_config, generate, parse, render, resolve
 from tritonkit.files import LAST_GOOD_SUFFIX
 from tritonkit.spec import load_spec
 

@@ -11,11 +11,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
+
+from tests.conftest import SERVED_SPEC, write_spec
 from tritonkit.clients import AsyncClient, BadInputError, QueueFullError, RequestTimeoutError
 from tritonkit.clients.burst import burst
 from tritonkit.configs.generate import generate
-
-from tests.conftest import SERVED_SPEC, write_spec
 from tritonkit.stats import batch_histogram
 
 pytestmark = pytest.mark.server
