@@ -186,7 +186,16 @@ def _engine_problems(spec: Spec, resolved: list[ResolvedModel], out: Path) -> li
 
 def generate(spec_path: Path, out: Path, target: str = "local", models: list[str] | None = None) -> list[WriteReport]:
     """Validate everything and build every config in memory; only then touch the disk."""
-    spec = load_spec(spec_path)
+    return generate_from(load_spec(spec_path), out, target, models)
+
+
+def generate_from(spec: Spec, out: Path, target: str = "local", models: list[str] | None = None) -> list[WriteReport]:
+    """Like generate() for a spec already in memory (the sweep and the tuner derive variants)."""
+    from tritonkit.configs.rules import spec_problems
+
+    problems = spec_problems(spec)
+    if problems:
+        raise InputError(problems)
     out = Path(out)
     chosen = [spec.model(n) for n in models] if models else spec.models
     resolved = [resolve(spec, m, target) for m in chosen]

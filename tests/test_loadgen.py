@@ -53,3 +53,20 @@ def test_generator_saturation_is_reported(served):
     gen = result["generator"]
     assert gen["saturated"] and "load generator, not the server" in gen["warning"]
     assert gen["achieved_rate"] < 20000 * 0.9
+
+
+def test_sweep_reloads_each_row_writes_the_report_and_restores_the_config(served, tmp_path):
+    from tritonkit.loadtests.sweep import sweep
+    from tritonkit.spec import load_spec
+
+    spec = load_spec(served.spec_path)
+    files = sweep(served, spec, served.repo, "reloadable", Load(rate=300, duration_s=1.5, warmup_s=0.5),
+                  tmp_path, batch_sizes=(1, 4), log=lambda s: None)
+    rows = json.loads(files["sweep.json"].read_text())["rows"]
+    assert [r["max_batch_size"] for r in rows] == [1, 4]
+    assert max(int(k) for k in rows[0]["batch_histogram"]) == 1  # max_batch_size 1 really was in force
+    assert rows[1]["requests"] > 100 and rows[1]["peak_rss_mb"] > 0
+    for name in ("sweep.csv", "throughput.png", "latency.png", "decomposition.png", "report.md"):
+        assert files[name].stat().st_size > 0
+    with served.client() as c:  # the spec's own config is serving again
+        assert c.config("reloadable").max_batch_size == spec.model("reloadable").max_batch_size

@@ -119,6 +119,59 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return 0
 
 
+def _load_args(a: argparse.Namespace):
+    from tritonkit.loadtests.asyncgen import Load
+
+    if not a.rate and not a.users:
+        raise InputError([_bad_arg("--rate/--users", "give an arrival rate (--rate R) or a concurrency (--users N)")])
+    return Load(rate=a.rate, arrival=a.arrival, concurrency=a.users, duration_s=a.duration, warmup_s=a.warmup)
+
+
+def _bad_arg(flag: str, fix: str):
+    from tritonkit.errors import Problem
+
+    return Problem("command line", flag, "missing or invalid", fix)
+
+
+def _served(a: argparse.Namespace):
+    """Generate the spec's configs and start a local server (free ports) with the model to measure."""
+    from tritonkit.configs.generate import generate
+    from tritonkit.serving import running
+    from tritonkit.spec import load_spec
+
+    spec = load_spec(a.spec)
+    spec.model(a.model)  # an unknown model is an InputError listing the known ones
+    generate(a.spec, a.repo)
+    ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
+    return spec, running(spec, a.repo, a.state_dir, models=[a.model], ports=ports, log=say)
+
+
+def cmd_loadtest(a: argparse.Namespace) -> int:
+    from tritonkit.loadtests.results import format_result, measure, write_result
+
+    load = _load_args(a)
+    _spec, ctx = _served(a)
+    with ctx as r:
+        result = measure(r.endpoints, a.model, load)
+    say(format_result(result))
+    js, cs = write_result(result, a.out)
+    say(f"wrote {js} and {cs}")
+    return 0
+
+
+def cmd_sweep(a: argparse.Namespace) -> int:
+    from tritonkit.loadtests.sweep import BATCH_SIZES, sweep
+
+    load = _load_args(a)
+    spec, ctx = _served(a)
+    sizes = [b for b in BATCH_SIZES if b <= a.max_batch]
+    with ctx as r:
+        say(f"sweep over max batch sizes {sizes}: {load.describe()}")
+        files = sweep(r, spec, a.repo, a.model, load, a.out, batch_sizes=sizes, delays_us=a.delay_us, log=say)
+    say(f"report: {files['report.md']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tritonkit", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -163,6 +216,28 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
     sp.set_defaults(func=cmd_infer)
+
+    def load_args(sp, out: str):
+        spec_arg(sp)
+        sp.add_argument("--model", required=True)
+        sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
+        sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+        sp.add_argument("--rate", type=float, help="open loop: arrivals per second")
+        sp.add_argument("--arrival", choices=["poisson", "constant"], default="poisson")
+        sp.add_argument("--users", type=int, help="closed loop: concurrent clients")
+        sp.add_argument("--duration", type=float, default=10.0, help="steady window, seconds")
+        sp.add_argument("--warmup", type=float, default=2.0, help="warm-up, seconds (not counted)")
+        sp.add_argument("--out", type=Path, default=Path(out))
+
+    sp = sub.add_parser("loadtest", help="measure a model under load (asyncio gRPC generator), exact percentiles")
+    load_args(sp, "out/loadtest")
+    sp.set_defaults(func=cmd_loadtest)
+
+    sp = sub.add_parser("sweep", help="batch-size sweep with plots and a recommendation")
+    load_args(sp, "out/sweep")
+    sp.add_argument("--max-batch", type=int, default=64)
+    sp.add_argument("--delay-us", type=int, action="append", help="queue delays to sweep (repeatable)")
+    sp.set_defaults(func=cmd_sweep)
 
     sp = sub.add_parser("demo", help="the whole loop on this machine with a real tritonserver")
     spec_arg(sp)

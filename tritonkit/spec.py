@@ -131,6 +131,11 @@ class Spec:
     def onnx_path(self, model: ModelSpec) -> Path:
         return model.onnx if model.onnx.is_absolute() else (self.path.parent / model.onnx)
 
+    def with_model(self, model: ModelSpec) -> Spec:
+        """A copy of this spec with one model (matched by name) replaced."""
+        models = [model if m.name == model.name else m for m in self.models]
+        return Spec(self.data.model_copy(update={"models": models}), self.path, self.shown)
+
     def model(self, name: str) -> ModelSpec:
         for m in self.models:
             if m.name == name:
