@@ -7,7 +7,7 @@ REPO   ?= model_repository
 STAMP  := $(VENV)/.installed-stamp
 SAMPLE := models/edge_mlp.onnx
 
-.PHONY: help setup demo test configs serve infer sample-model validate lint clean
+.PHONY: help setup demo test configs serve infer sample-model validate lint clean loadtest sweep
 
 help:
 	@echo "make demo      the whole loop on this machine (real tritonserver on the CPU)"
@@ -16,6 +16,8 @@ help:
 	@echo "make serve     serve $(SPEC)'s models locally until Ctrl-C"
 	@echo "make infer     one request to the served model (MODEL=edge_mlp)"
 	@echo "make validate  check $(SPEC) and its ONNX files"
+	@echo "make loadtest  measure MODEL at RATE req/s (exact percentiles, server breakdown) into out/loadtest"
+	@echo "make sweep     batch-size sweep of MODEL at RATE req/s: CSV, JSON, plots, report in out/sweep"
 	@echo "make clean     remove everything generated"
 
 $(STAMP): pyproject.toml
@@ -50,8 +52,16 @@ MODEL ?= edge_mlp
 infer: $(STAMP)
 	$(BIN)/tritonkit infer --model $(MODEL)
 
+RATE ?= 400
+DURATION ?= 10
+loadtest: $(STAMP) $(SAMPLE)
+	$(BIN)/tritonkit loadtest --spec $(SPEC) --repo $(REPO) --model $(MODEL) --rate $(RATE) --duration $(DURATION)
+
+sweep: $(STAMP) $(SAMPLE)
+	$(BIN)/tritonkit sweep --spec $(SPEC) --repo $(REPO) --model $(MODEL) --rate $(RATE) --duration $(DURATION)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(REPO)/*/ .tritonkit models
+	rm -rf $(REPO)/*/ .tritonkit models out
