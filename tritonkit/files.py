@@ -19,20 +19,9 @@ def write_bytes_atomic(path: Path, data: bytes, keep_previous: bool = False) -> 
     path = Path(path)
     if path.exists() and path.read_bytes() == data:
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if keep_previous and path.exists():
-            shutil.copy2(path, path.with_name(path.name + LAST_GOOD_SUFFIX))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    if keep_previous and path.exists():
+        shutil.copy2(path, path.with_name(path.name + LAST_GOOD_SUFFIX))
+    _replace(path, lambda f: f.write(data))
     return True
 
 
@@ -41,19 +30,26 @@ def copy_file_atomic(src: Path, dst: Path) -> bool:
     src, dst = Path(src), Path(dst)
     if dst.exists() and dst.stat().st_size == src.stat().st_size and _same_bytes(src, dst):
         return False
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    os.close(fd)
+    with open(src, "rb") as s:
+        _replace(dst, lambda f: shutil.copyfileobj(s, f, 1 << 20))
+    return True
+
+
+def _replace(path: Path, fill) -> None:
+    """Write through `fill(file)` into a temp file beside `path`, fsync it, rename it over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        shutil.copyfile(src, tmp)
-        with open(tmp, "rb+") as f:
+        with os.fdopen(fd, "wb") as f:
+            fill(f)
+            f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, dst)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; generated files are meant to be read by others
+        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(dst.parent)
-    return True
+    _fsync_dir(path.parent)
 
 
 def _same_bytes(a: Path, b: Path, chunk: int = 1 << 20) -> bool:
