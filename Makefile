@@ -7,7 +7,7 @@ REPO   ?= model_repository
 STAMP  := $(VENV)/.installed-stamp
 SAMPLE := models/edge_mlp.onnx
 
-.PHONY: help setup demo test configs serve infer sample-model validate lint clean loadtest sweep
+.PHONY: help setup demo test configs serve infer sample-model validate lint clean loadtest sweep loadtest-ui
 
 help:
 	@echo "make demo      the whole loop on this machine (real tritonserver on the CPU)"
@@ -17,6 +17,7 @@ help:
 	@echo "make infer     one request to the served model (MODEL=edge_mlp)"
 	@echo "make validate  check $(SPEC) and its ONNX files"
 	@echo "make loadtest  measure MODEL at RATE req/s (exact percentiles, server breakdown) into out/loadtest"
+	@echo "make loadtest-ui  Locust web UI on :8089 against the served model (MODEL=edge_mlp; make serve first)"
 	@echo "make sweep     batch-size sweep of MODEL at RATE req/s: CSV, JSON, plots, report in out/sweep"
 	@echo "make clean     remove everything generated"
 
@@ -59,6 +60,10 @@ loadtest: $(STAMP) $(SAMPLE)
 
 sweep: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit sweep --spec $(SPEC) --repo $(REPO) --model $(MODEL) --rate $(RATE) --duration $(DURATION)
+
+LOCUST_HOST ?= http://127.0.0.1:8000
+loadtest-ui: $(STAMP)
+	TRITONKIT_MODEL=$(MODEL) $(BIN)/locust -f loadtests/locustfile.py --host $(LOCUST_HOST)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
