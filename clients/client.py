@@ -77,7 +77,7 @@ def _as_dict(obj: Any) -> dict:
     return json_format.MessageToDict(obj, preserving_proto_field_name=True)
 
 
-def _meta(name: str, metadata: dict, config: mc.ModelConfig) -> ModelMeta:
+def meta_from_triton(name: str, metadata: dict, config: mc.ModelConfig) -> ModelMeta:
     def tensors(items):
         return tuple(TensorMeta(t["name"], t["datatype"], tuple(int(d) for d in t["shape"])) for t in items)
 
@@ -85,7 +85,7 @@ def _meta(name: str, metadata: dict, config: mc.ModelConfig) -> ModelMeta:
                      config.max_batch_size)
 
 
-def _config(obj: Any) -> mc.ModelConfig:
+def config_from_triton(obj: Any) -> mc.ModelConfig:
     if isinstance(obj, dict):
         return json_format.ParseDict(obj, mc.ModelConfig(), ignore_unknown_fields=True)
     # Re-parse into this module's class: the gRPC stub's message comes from another descriptor
@@ -162,12 +162,12 @@ class Client(_Base):
             return False
 
     def config(self, model: str) -> mc.ModelConfig:
-        return _config(self._call(self._c.get_model_config, model, **self._config_kwargs()))
+        return config_from_triton(self._call(self._c.get_model_config, model, **self._config_kwargs()))
 
     def metadata(self, model: str, refresh: bool = False) -> ModelMeta:
         if refresh or model not in self._meta_cache:
             md = _as_dict(self._call(self._c.get_model_metadata, model))
-            self._meta_cache[model] = _meta(model, md, self.config(model))
+            self._meta_cache[model] = meta_from_triton(model, md, self.config(model))
         return self._meta_cache[model]
 
     def infer(self, model: str, arrays: dict[str, np.ndarray], *, priority: int = 0,
@@ -219,12 +219,12 @@ class AsyncClient(_Base):
             raise classify(e) from e
 
     async def config(self, model: str) -> mc.ModelConfig:
-        return _config(await self._call(self._c.get_model_config, model, **self._config_kwargs()))
+        return config_from_triton(await self._call(self._c.get_model_config, model, **self._config_kwargs()))
 
     async def metadata(self, model: str) -> ModelMeta:
         if model not in self._meta_cache:
             md = _as_dict(await self._call(self._c.get_model_metadata, model))
-            self._meta_cache[model] = _meta(model, md, await self.config(model))
+            self._meta_cache[model] = meta_from_triton(model, md, await self.config(model))
         return self._meta_cache[model]
 
     async def infer(self, model: str, arrays: dict[str, np.ndarray], *, priority: int = 0,

@@ -31,7 +31,7 @@ import tritonclient.http as httpclient
 from locust import User, constant, events, task
 from tritonclient.utils import np_to_triton_dtype
 
-from tritonkit.clients.client import ModelMeta, _config, _meta
+from tritonkit.clients.client import ModelMeta, config_from_triton, meta_from_triton
 from tritonkit.clients.errors import TritonRequestError, classify
 from tritonkit.loadtests.exact_stats import OVERALL, ExactRecorder, register
 
@@ -124,7 +124,7 @@ class TritonUser(User):
             metadata, config = self.client.get_model_metadata(MODEL), self.client.get_model_config(MODEL)
         except Exception as e:  # noqa: BLE001 - typed, so the log says "model not ready", "unavailable", ...
             raise classify(e) from e
-        self.meta = _meta(MODEL, metadata, _config(config))
+        self.meta = meta_from_triton(MODEL, metadata, config_from_triton(config))
         check_against_model(self.meta)
         self.rng = np.random.default_rng()
 

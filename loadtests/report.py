@@ -11,7 +11,6 @@ import csv
 import io
 import json
 import math
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -383,6 +382,5 @@ def write_sweep_report(rows: Sequence[Row], out_dir: Path, slo_p95_ms: float | N
     paths = {}
     for name, data in contents.items():
         write_bytes_atomic(out_dir / name, data)
-        os.chmod(out_dir / name, 0o644)  # the temp file is private (0600); these files are meant to be shared
         paths[name] = out_dir / name
     return paths
