@@ -7,7 +7,7 @@ REPO   ?= model_repository
 STAMP  := $(VENV)/.installed-stamp
 SAMPLE := models/edge_mlp.onnx
 
-.PHONY: help setup demo test configs serve infer sample-model validate lint clean loadtest sweep loadtest-ui
+.PHONY: help setup demo test configs serve infer sample-model validate lint clean loadtest sweep loadtest-ui bench deploy engines gpu-check
 
 help:
 	@echo "make demo      the whole loop on this machine (real tritonserver on the CPU)"
@@ -19,6 +19,11 @@ help:
 	@echo "make loadtest  measure MODEL at RATE req/s (exact percentiles, server breakdown) into out/loadtest"
 	@echo "make loadtest-ui  Locust web UI on :8089 against the served model (MODEL=edge_mlp; make serve first)"
 	@echo "make sweep     batch-size sweep of MODEL at RATE req/s: CSV, JSON, plots, report in out/sweep"
+	@echo "make bench     benchmarks as ratios: load generators (Locust HTTP vs asyncio gRPC) into out/bench"
+	@echo "make deploy    build engines (GPU), generate configs, helm upgrade --install into the current kube context"
+	@echo "              (DRY_RUN=1: only render and check the manifests, into out/deploy)"
+	@echo "make engines   prepare, verify and plan each model; TensorRT engines where a GPU is present"
+	@echo "make gpu-check on an NVIDIA machine: build, verify and time the sample model's engine"
 	@echo "make clean     remove everything generated"
 
 $(STAMP): pyproject.toml
@@ -55,15 +60,30 @@ infer: $(STAMP)
 
 RATE ?= 400
 DURATION ?= 10
+SHAPE ?= constant
 loadtest: $(STAMP) $(SAMPLE)
-	$(BIN)/tritonkit loadtest --spec $(SPEC) --repo $(REPO) --model $(MODEL) --rate $(RATE) --duration $(DURATION)
+	$(BIN)/tritonkit loadtest --spec $(SPEC) --repo $(REPO) --model $(MODEL) --rate $(RATE) --duration $(DURATION) \
+		--shape $(SHAPE) --class interactive:1:1 --class bulk:3:2
 
 sweep: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit sweep --spec $(SPEC) --repo $(REPO) --model $(MODEL) --rate $(RATE) --duration $(DURATION)
 
+bench: $(STAMP)
+	$(BIN)/tritonkit bench generators --out out/bench
+
 LOCUST_HOST ?= http://127.0.0.1:8000
 loadtest-ui: $(STAMP)
 	TRITONKIT_MODEL=$(MODEL) $(BIN)/locust -f loadtests/locustfile.py --host $(LOCUST_HOST)
+
+# Values come from the deploy block of $(SPEC); the chart is helm/triton-edge.
+deploy: $(STAMP) $(SAMPLE)
+	$(BIN)/tritonkit deploy --spec $(SPEC) --repo $(REPO) $(if $(DRY_RUN),--dry-run --out out/deploy)
+
+engines: $(STAMP) $(SAMPLE)
+	$(BIN)/tritonkit build --spec $(SPEC) --out $(REPO)
+
+gpu-check: $(STAMP)
+	$(BIN)/python -m tritonkit.build_engines.gpu_check
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

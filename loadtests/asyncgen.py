@@ -4,6 +4,7 @@ Open loop means arrivals follow a schedule (Poisson or constant) whatever the se
 slow server shows up as latency, not as a lower offered load. Each request keeps its scheduled
 and actual send times; their difference is the generator's own lag, which is how it tells that
 it, not the server, is the bottleneck. Only requests scheduled inside the steady window count.
+What a load is (classes, arrival, shape, window) is defined in `load.py`, shared with Locust.
 """
 
 from __future__ import annotations
@@ -11,66 +12,17 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import psutil
 
 from tritonkit.clients import AsyncClient, TritonRequestError
-from tritonkit.stats import percentile
-
-
-@dataclass(frozen=True)
-class RequestClass:
-    name: str = "default"
-    weight: float = 1.0
-    priority: int = 0
-    timeout_us: int | None = None
-    batch: int = 1
-
-
-@dataclass(frozen=True)
-class Load:
-    rate: float | None = None  # open loop, requests per second
-    arrival: str = "poisson"  # poisson | constant
-    concurrency: int | None = None  # closed loop
-    duration_s: float = 10.0  # steady window
-    warmup_s: float = 2.0
-    drain_s: float = 10.0
-    max_in_flight: int = 2048  # beyond this the generator drops arrivals (and says so)
-
-    @property
-    def mode(self) -> str:
-        return "open" if self.rate else "closed"
-
-    def describe(self) -> str:
-        if self.rate:
-            return f"open loop, {self.arrival} arrivals at {self.rate:g} req/s"
-        return f"closed loop, {self.concurrency} concurrent clients"
-
-
-@dataclass
-class Sample:
-    cls: str
-    scheduled: float
-    sent: float
-    latency_s: float | None  # None when the request failed
-    kind: str | None = None  # error kind when it failed
-
-
-@dataclass
-class Outcome:
-    samples: list[Sample] = field(default_factory=list)  # steady window only
-    dropped: int = 0  # arrivals the generator could not send (max_in_flight reached)
-    cpu_percent: float = 0.0  # this process's CPU over the run, percent of one core
-    wall_s: float = 0.0
-    error_examples: dict[str, str] = field(default_factory=dict)
+from tritonkit.loadtests.load import Load, Outcome, RequestClass, Sample
 
 
 async def run_load(url: str, model: str, load: Load, classes: list[RequestClass] | None = None, *,
                    protocol: str = "grpc", seed: int = 0) -> Outcome:
-    if not load.rate and not load.concurrency:
-        raise ValueError("give a rate (open loop) or a concurrency (closed loop)")
+    """Send `load` to `model` at `url`; the steady window's samples and Triton's statistics around it."""
     classes = classes or [RequestClass()]
     rng = random.Random(seed)
     out = Outcome()
@@ -81,6 +33,12 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
         payloads = {c.name: meta.random_inputs(c.batch, np.random.default_rng(seed)) for c in classes}
         start = time.perf_counter()
         window = (start + load.warmup_s, start + load.warmup_s + load.duration_s)
+
+        async def open_window() -> None:
+            await asyncio.sleep(load.warmup_s)
+            out.stats_before = await client.statistics(model)
+
+        opener = asyncio.create_task(open_window())
 
         async def one(cls: RequestClass, scheduled: float) -> None:
             sent = time.perf_counter()
@@ -100,7 +58,8 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
             tasks: set[asyncio.Task] = set()
             t = start
             while True:
-                t += rng.expovariate(load.rate) if load.arrival == "poisson" else 1.0 / load.rate
+                rate = load.rate_at(t - start)
+                t += rng.expovariate(rate) if load.arrival == "poisson" else 1.0 / rate
                 if t >= window[1]:
                     break
                 delay = t - time.perf_counter()
@@ -115,35 +74,16 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
             if tasks:
                 await asyncio.wait(tasks, timeout=load.drain_s)
         else:
-            async def worker() -> None:
+            async def worker(i: int) -> None:
                 while (now := time.perf_counter()) < window[1]:
-                    await one(pick(), now)
+                    if i < load.clients_at(now - start):
+                        await one(pick(), now)
+                    else:  # the shape has this client idle for now
+                        await asyncio.sleep(0.05)
 
-            await asyncio.gather(*(worker() for _ in range(load.concurrency)))
+            await asyncio.gather(*(worker(i) for i in range(load.concurrency)))
+        await opener
+        out.stats_after = await client.statistics(model)
         out.wall_s = time.perf_counter() - start
     out.cpu_percent = 100.0 * (sum(proc.cpu_times()[:2]) - cpu0) / out.wall_s
     return out
-
-
-def generator_health(load: Load, out: Outcome) -> dict:
-    """Is the generator keeping up? Lag behind the schedule, achieved rate, CPU, dropped arrivals."""
-    lags_ms = [(s.sent - s.scheduled) * 1e3 for s in out.samples]
-    achieved = len(out.samples) / load.duration_s
-    health = {"cpu_percent": round(out.cpu_percent, 1), "achieved_rate": round(achieved, 1),
-              "lag_p95_ms": round(percentile(lags_ms, 95), 3) if lags_ms else None,
-              "dropped": out.dropped, "saturated": False, "warning": None}
-    reasons = []
-    if out.cpu_percent > 90:
-        reasons.append(f"its process used {out.cpu_percent:.0f}% of a core")
-    if load.rate:
-        if achieved < 0.9 * load.rate:
-            reasons.append(f"it sent {achieved:.0f} req/s of the {load.rate:g} asked")
-        if health["lag_p95_ms"] is not None and health["lag_p95_ms"] > max(5.0, 500.0 / load.rate):
-            reasons.append(f"its sends ran {health['lag_p95_ms']:.1f} ms (P95) behind schedule")
-        if out.dropped:
-            reasons.append(f"{out.dropped} arrivals were dropped at {load.max_in_flight} in flight")
-    if reasons:
-        health["saturated"] = True
-        health["warning"] = ("the load generator, not the server, limited this run: " + "; ".join(reasons)
-                             + ". Its numbers understate the offered load; use fewer req/s or more generator cores.")
-    return health

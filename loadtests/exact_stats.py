@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tritonkit.loadtests.load import OVERALL
 from tritonkit.stats import percentile
 
-OVERALL = "overall"
 ROUTE = "/tritonkit/exact"
 TAB_KEY = "tritonkit-exact"
 TAB_TITLE = "Exact latency"

@@ -6,14 +6,14 @@ import asyncio
 import csv
 import io
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 
-from tritonkit.clients import Client
 from tritonkit.files import write_bytes_atomic
-from tritonkit.loadtests.asyncgen import Load, Outcome, RequestClass, generator_health, run_load
+from tritonkit.loadtests.load import Load, Outcome, RequestClass, generator_health
 from tritonkit.loadtests.server_stats import breakdown, summary_quantiles
-from tritonkit.stats import summary_ms
+from tritonkit.stats import percentile, summary_ms
 
 SCHEMA = "tritonkit.result/1"
 
@@ -28,8 +28,10 @@ def class_summary(samples, duration_s: float) -> dict:
             "throughput_rps": len(ok) / duration_s, **summary_ms(ok)}
 
 
-def build_result(model: str, load: Load, classes: list[RequestClass], out: Outcome, server: dict,
-                 quantiles: dict | None = None) -> dict:
+def build_result(model: str, load: Load, classes: list[RequestClass], out: Outcome,
+                 quantiles: dict | None = None, engine: str = "asyncio") -> dict:
+    have_stats = out.stats_before is not None and out.stats_after is not None
+    server = breakdown(out.stats_before, out.stats_after) if have_stats else {}
     per_class = {c.name: class_summary([s for s in out.samples if s.cls == c.name], load.duration_s)
                  for c in classes}
     overall = class_summary(out.samples, load.duration_s)
@@ -37,6 +39,7 @@ def build_result(model: str, load: Load, classes: list[RequestClass], out: Outco
     return {
         "schema": SCHEMA,
         "model": model,
+        "engine": engine,
         "load": {**asdict(load), "mode": load.mode, "description": load.describe()},
         "classes": per_class,
         "overall": overall,
@@ -45,23 +48,65 @@ def build_result(model: str, load: Load, classes: list[RequestClass], out: Outco
         # What the client saw minus what Triton measured: network, (de)serialisation, client.
         "client_overhead_ms": client_overhead,
         "generator": generator_health(load, out),
+        "timeline": timeline(out, load),
         "error_examples": out.error_examples,
     }
 
 
+def timeline(out: Outcome, load: Load, step_s: float = 1.0) -> list[dict]:
+    """Per-second buckets of the steady window (by scheduled time): what was sent, served and its P95."""
+    if not out.samples:
+        return []
+    t0 = min(s.scheduled for s in out.samples)  # within one lag of the window's start
+    n = max(1, math.ceil(load.duration_s / step_s))
+    buckets: list[list] = [[] for _ in range(n)]
+    for s in out.samples:
+        buckets[min(n - 1, int((s.scheduled - t0) / step_s))].append(s)
+    rows = []
+    for i, b in enumerate(buckets):
+        ok = [s.latency_s for s in b if s.latency_s is not None]
+        rows.append({"t_s": round(i * step_s, 3), "sent": len(b), "ok": len(ok),
+                     "p95_ms": round(percentile(ok, 95) * 1e3, 3) if ok else None})
+    return rows
+
+
 def measure(endpoints, model: str, load: Load, classes: list[RequestClass] | None = None, *,
             seed: int = 0) -> dict:
-    """One measurement against a running server: statistics before, load, statistics after."""
+    """One measurement with the asyncio gRPC generator against a running server's `endpoints`."""
+    return measure_grpc(endpoints.grpc, model, load, classes, metrics=endpoints.metrics, seed=seed)
+
+
+def measure_grpc(url: str, model: str, load: Load, classes: list[RequestClass] | None = None, *,
+                 metrics: str | None = None, seed: int = 0) -> dict:
+    """Statistics at the window's edges, the asyncio generator's load in between."""
+    from tritonkit.loadtests.asyncgen import run_load  # not at import: the Locust process has no asyncio
+
     classes = classes or [RequestClass()]
-    with Client(endpoints.grpc, "grpc") as c:
-        before = c.statistics(model)
-        out = asyncio.run(run_load(endpoints.grpc, model, load, classes, seed=seed))
-        after = c.statistics(model)
+    out = asyncio.run(run_load(url, model, load, classes, seed=seed))
+    return build_result(model, load, classes, out, _quantiles(metrics, model))
+
+
+def measure_by(engine: str, model_spec, load: Load, classes: list[RequestClass] | None, *, url: str,
+               metrics: str | None = None, log_dir: Path | None = None) -> dict:
+    """One measurement by the chosen engine at `url` (HOST:PORT): Locust over HTTP or asyncio gRPC."""
+    classes = classes or [RequestClass()]
+    if engine == "asyncio":
+        return measure_grpc(url, model_spec.name, load, classes, metrics=metrics)
+    from tritonkit.loadtests.locust_run import input_ranges, run_locust
+
+    result = run_locust(url, model_spec.name, load, classes, ranges=input_ranges(model_spec),
+                        log_path=log_dir and Path(log_dir) / "locust.log")
+    result["server_summary_us"] = _quantiles(metrics, model_spec.name)
+    return result
+
+
+def _quantiles(metrics: str | None, model: str) -> dict:
+    if not metrics:
+        return {}
     try:
-        quantiles = summary_quantiles(endpoints.metrics, model)
+        return summary_quantiles(metrics, model)
     except OSError:
-        quantiles = {}
-    return build_result(model, load, classes, out, breakdown(before, after), quantiles)
+        return {}
 
 
 def csv_rows(result: dict) -> list[dict]:

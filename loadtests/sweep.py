@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 
 from tritonkit.configs.generate import generate_from
-from tritonkit.loadtests.asyncgen import Load, RequestClass
+from tritonkit.loadtests.load import Load, RequestClass
 from tritonkit.loadtests.report import write_sweep_report
 from tritonkit.loadtests.results import measure
 from tritonkit.serving import Running

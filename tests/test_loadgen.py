@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tritonkit.loadtests.asyncgen import Load, RequestClass
+from tritonkit.loadtests.load import Load, RequestClass
 from tritonkit.loadtests.results import measure, write_result
 
 pytestmark = pytest.mark.server
@@ -18,7 +18,7 @@ CLASSES = [RequestClass("interactive", weight=1, priority=1), RequestClass("bulk
 def test_overload_the_higher_priority_class_has_the_lower_p95(served, tmp_path):
     """Offer far more than the model can serve: the bounded queue turns requests away as
     queue_full, and the interactive class (priority 1) overtakes bulk in the queue."""
-    result = measure(served.endpoints, "prio", Load(rate=1600, duration_s=4, warmup_s=1), CLASSES)
+    result = measure(served.endpoints, "prio", Load(rate=3000, duration_s=4, warmup_s=1), CLASSES)
     inter, bulk = result["classes"]["interactive"], result["classes"]["bulk"]
     print(json.dumps({k: {m: v[m] for m in ("requests", "ok", "errors", "p50_ms", "p95_ms")}
                       for k, v in result["classes"].items()}))

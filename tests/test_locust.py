@@ -165,3 +165,56 @@ def test_web_ui_exact_latency_tab(served, tmp_path):
             driver.quit()
         _stop(proc)
         log.close()
+
+
+def _loadtest(served, tmp_path, *args: str) -> dict:
+    from tests.conftest import tritonkit
+
+    done = tritonkit("loadtest", "--spec", str(served.spec_path), "--url", served.endpoints.http,
+                     "--metrics-url", served.endpoints.metrics, "--out", str(tmp_path), *args, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "P95 ms" in done.stdout
+    return json.loads((tmp_path / "result.json").read_text())
+
+
+def test_tritonkit_loadtest_locust_priorities_under_overload(served, tmp_path):
+    """Headless Locust through `tritonkit loadtest`: far more than `prio` can serve (a batch-4
+    model with a 24-deep queue). Interactive (priority 1) overtakes bulk in the queue, and the
+    requests the full queue turns away are counted as queue_full, not as latency."""
+    result = _loadtest(served, tmp_path, "--model", "prio", "--rate", "3000", "--duration", "4", "--warmup", "1",
+                       "--class", "interactive:1:1", "--class", "bulk:3:2")
+    assert result["engine"] == "locust" and result["schema"] == "tritonkit.result/1"
+    inter, bulk = result["classes"]["interactive"], result["classes"]["bulk"]
+    print(json.dumps({k: {m: v[m] for m in ("requests", "ok", "errors", "p50_ms", "p95_ms")}
+                      for k, v in result["classes"].items()}))
+    assert inter["ok"] > 20 and bulk["ok"] > 20
+    assert inter["p95_ms"] < bulk["p95_ms"]
+    assert bulk["errors"].get("queue_full", 0) > 0
+    for c in result["classes"].values():
+        assert c["ok"] + sum(c["errors"].values()) == c["requests"]
+    # the server's side of the same window, from Triton's statistics and summary metrics
+    assert result["server"]["requests"] > 0 and result["server"]["queue_ms"] > 0
+    assert "request" in result["server_summary_us"]
+    assert (tmp_path / "result.csv").read_text().splitlines()[0].startswith("class,")
+
+
+def test_tritonkit_loadtest_locust_step_shape_raises_the_rate(served, tmp_path):
+    """A step shape at 200 req/s open loop: the last quarter of the window offers about four
+    times the first (25% -> 100%), and a light load is served without generator warnings."""
+    result = _loadtest(served, tmp_path, "--model", "reloadable", "--rate", "200", "--shape", "step",
+                       "--duration", "4", "--warmup", "0.5")
+    sent = [b["sent"] for b in result["timeline"]]
+    assert len(sent) == 4 and sent[-1] > 2.5 * sent[0], sent
+    assert result["overall"]["ok"] == result["overall"]["requests"] > 200
+    assert not result["generator"]["saturated"], result["generator"]
+    assert result["load"]["shape"] == "step" and result["load"]["mode"] == "open"
+
+
+def test_tritonkit_loadtest_bad_class_is_a_clear_error(served, tmp_path):
+    from tests.conftest import tritonkit
+
+    done = tritonkit("loadtest", "--spec", str(served.spec_path), "--url", served.endpoints.http,
+                     "--model", "reloadable", "--rate", "10", "--class", "bulk:x:2", "--out", str(tmp_path))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--class bulk:x:2" in done.stderr and "interactive:1:1" in done.stderr
+    assert not (tmp_path / "result.json").exists()

@@ -47,6 +47,21 @@ def cmd_configs(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build(a: argparse.Namespace) -> int:
+    from tritonkit.build_engines.build import build, table
+
+    results = build(a.spec, a.out, a.model or None, a.target, a.cache_dir, force=a.force, log=say)
+    say(table(results))
+    return 0
+
+
+def cmd_inspect(a: argparse.Namespace) -> int:
+    from tritonkit.build_engines.inspect_graph import inspect_paths
+
+    say(inspect_paths(a.onnx, a.spec, a.model or None))
+    return 0
+
+
 def _port_overrides(a: argparse.Namespace) -> dict[str, int]:
     return {k: v for k in ("http_port", "grpc_port", "metrics_port") if (v := getattr(a, k)) is not None}
 
@@ -115,16 +130,53 @@ def _no_server(state_dir: Path):
 def cmd_demo(a: argparse.Namespace) -> int:
     from tritonkit.demo import run_demo
 
-    run_demo(a.spec, a.repo, a.state_dir, requests=a.requests, concurrency=a.concurrency)
+    run_demo(a.spec, a.repo, a.state_dir, requests=a.requests, concurrency=a.concurrency, out=a.out)
+    return 0
+
+
+def cmd_deploy(a: argparse.Namespace) -> int:
+    from tritonkit.deploy import deploy
+
+    if a.dry_run and a.out is None:
+        a.out = Path("out/deploy")
+    r = deploy(a.spec, a.repo, dry_run=a.dry_run, out=a.out, chart=a.chart, kubeconfig=a.kubeconfig,
+               kube_context=a.kube_context, wait=a.wait, timeout_s=a.timeout, log=say)
+    if r.notes:
+        say("\n" + r.notes)
     return 0
 
 
 def _load_args(a: argparse.Namespace):
-    from tritonkit.loadtests.asyncgen import Load
+    from tritonkit.loadtests.load import Load
 
     if not a.rate and not a.users:
         raise InputError([_bad_arg("--rate/--users", "give an arrival rate (--rate R) or a concurrency (--users N)")])
-    return Load(rate=a.rate, arrival=a.arrival, concurrency=a.users, duration_s=a.duration, warmup_s=a.warmup)
+    if (a.rate is not None and a.rate <= 0) or (a.users is not None and a.users < 1) or a.duration <= 0:
+        raise InputError([_bad_arg("--rate/--users/--duration", "use a rate > 0, users >= 1 and a duration > 0")])
+    return Load(rate=a.rate, arrival=a.arrival, concurrency=a.users, duration_s=a.duration, warmup_s=a.warmup,
+                shape=a.shape)
+
+
+def _classes(a: argparse.Namespace):
+    """--class NAME:WEIGHT:PRIORITY[:TIMEOUT_US[:BATCH]], repeatable; none: one default class."""
+    from tritonkit.loadtests.load import OVERALL, RequestClass, check_class
+
+    classes = []
+    for text in a.request_class or []:
+        parts = text.split(":")
+        try:
+            if not 3 <= len(parts) <= 5 or not parts[0] or parts[0] == OVERALL:
+                raise ValueError("expected NAME:WEIGHT:PRIORITY[:TIMEOUT_US[:BATCH]]")
+            timeout = int(parts[3]) if len(parts) > 3 and parts[3] else None
+            batch = int(parts[4]) if len(parts) > 4 else 1
+            classes.append(check_class(RequestClass(parts[0], float(parts[1]), int(parts[2]), timeout, batch),
+                                       "--class"))
+        except ValueError as e:
+            raise InputError([_bad_arg(f"--class {text}", f"{e}; for example --class interactive:1:1:50000")]) \
+                from None
+    if len({c.name for c in classes}) != len(classes):
+        raise InputError([_bad_arg("--class", "give each class its own name")])
+    return classes or None
 
 
 def _bad_arg(flag: str, fix: str):
@@ -147,12 +199,20 @@ def _served(a: argparse.Namespace):
 
 
 def cmd_loadtest(a: argparse.Namespace) -> int:
-    from tritonkit.loadtests.results import format_result, measure, write_result
+    from tritonkit.loadtests.results import format_result, measure_by, write_result
+    from tritonkit.spec import load_spec
 
-    load = _load_args(a)
-    _spec, ctx = _served(a)
-    with ctx as r:
-        result = measure(r.endpoints, a.model, load)
+    load, classes = _load_args(a), _classes(a)
+    if a.url:  # a server that is already running; the spec only describes the model's inputs
+        model_spec = load_spec(a.spec).model(a.model)
+        result = measure_by(a.engine, model_spec, load, classes, url=a.url, metrics=a.metrics_url, log_dir=a.out)
+    else:
+        spec, ctx = _served(a)
+        with ctx as r:
+            e = r.endpoints
+            url = e.http if a.engine == "locust" else e.grpc
+            result = measure_by(a.engine, spec.model(a.model), load, classes, url=url, metrics=e.metrics,
+                                log_dir=a.out)
     say(format_result(result))
     js, cs = write_result(result, a.out)
     say(f"wrote {js} and {cs}")
@@ -169,6 +229,15 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         say(f"sweep over max batch sizes {sizes}: {load.describe()}")
         files = sweep(r, spec, a.repo, a.model, load, a.out, batch_sizes=sizes, delays_us=a.delay_us, log=say)
     say(f"report: {files['report.md']}")
+    return 0
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    if a.what == "generators":
+        from tritonkit.loadtests.bench import run_bench
+
+        run_bench(a.out, seconds=a.seconds, users=a.users, rate=a.rate, log=say)
+        say(f"wrote {a.out / 'bench.json'}")
     return 0
 
 
@@ -197,6 +266,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="server the repository is for: the bundled local server or an NGC image")
     sp.add_argument("--model", action="append", help="only this model (repeatable)")
     sp.set_defaults(func=cmd_configs)
+
+    sp = sub.add_parser("build", help="prepare and verify each model's ONNX, plan its profiles, build TensorRT "
+                                      "engines where a GPU is present, then write the configs")
+    spec_arg(sp)
+    sp.add_argument("--out", type=Path, default=DEFAULT_REPO)
+    sp.add_argument("--model", action="append", help="only this model (repeatable)")
+    sp.add_argument("--target", choices=["local", "ngc"], default="local", help="as for `configs`")
+    sp.add_argument("--cache-dir", type=Path, default=DEFAULT_STATE / "trt-cache", help="TensorRT timing cache")
+    sp.add_argument("--force", action="store_true", help="rebuild even when nothing changed")
+    sp.set_defaults(func=cmd_build)
+
+    sp = sub.add_parser("inspect", help="inputs, outputs, dynamic dims and op counts of ONNX files")
+    sp.add_argument("onnx", type=Path, nargs="*", help="ONNX files (default: the spec's models)")
+    spec_arg(sp)
+    sp.add_argument("--model", action="append", help="only this model of the spec (repeatable)")
+    sp.set_defaults(func=cmd_inspect)
 
     sp = sub.add_parser("serve", help="serve the spec's models with a local tritonserver until Ctrl-C")
     spec_arg(sp)
@@ -227,10 +312,20 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--users", type=int, help="closed loop: concurrent clients")
         sp.add_argument("--duration", type=float, default=10.0, help="steady window, seconds")
         sp.add_argument("--warmup", type=float, default=2.0, help="warm-up, seconds (not counted)")
+        sp.add_argument("--shape", choices=["constant", "step", "ramp", "spike"], default="constant",
+                        help="how the rate (or the users) moves over the steady window")
+        sp.add_argument("--class", dest="request_class", action="append", metavar="NAME:WEIGHT:PRIO[:TIMEOUT_US]",
+                        help="a request class (repeatable), e.g. interactive:1:1:50000 and bulk:3:2")
         sp.add_argument("--out", type=Path, default=Path(out))
 
-    sp = sub.add_parser("loadtest", help="measure a model under load (asyncio gRPC generator), exact percentiles")
+    sp = sub.add_parser("loadtest", help="measure a model under load (Locust headless): exact percentiles, "
+                                         "server breakdown, generator health")
     load_args(sp, "out/loadtest")
+    sp.add_argument("--engine", choices=["locust", "asyncio"], default="locust",
+                    help="locust: tritonclient HTTP users (default); asyncio: the lighter gRPC generator")
+    sp.add_argument("--url", help="HOST:PORT of a running server (HTTP for locust, gRPC for asyncio); "
+                                  "default: start one from the spec")
+    sp.add_argument("--metrics-url", help="with --url: Triton's metrics URL, for its summary quantiles")
     sp.set_defaults(func=cmd_loadtest)
 
     sp = sub.add_parser("sweep", help="batch-size sweep with plots and a recommendation")
@@ -239,13 +334,36 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--delay-us", type=int, action="append", help="queue delays to sweep (repeatable)")
     sp.set_defaults(func=cmd_sweep)
 
+    sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
+    sp.add_argument("what", choices=["generators"], help="generators: Locust HTTP vs asyncio gRPC capacity "
+                                                          "and distortion")
+    sp.add_argument("--out", type=Path, default=Path("out/bench"))
+    sp.add_argument("--seconds", type=float, default=5.0, help="steady window of each run")
+    sp.add_argument("--users", type=int, default=16, help="closed-loop clients for the capacity runs")
+    sp.add_argument("--rate", type=float, default=200.0, help="open-loop rate for the distortion runs")
+    sp.set_defaults(func=cmd_bench)
+
     sp = sub.add_parser("demo", help="the whole loop on this machine with a real tritonserver")
     spec_arg(sp)
     sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
     sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
     sp.add_argument("--requests", type=int, default=2000)
     sp.add_argument("--concurrency", type=int, default=32)
+    sp.add_argument("--out", type=Path, default=Path("out/demo"), help="load test and sweep results")
     sp.set_defaults(func=cmd_demo)
+
+    sp = sub.add_parser("deploy", help="build engines (GPU), generate configs, helm upgrade --install the chart "
+                                       "into the current kube context (values from deploy.yaml's deploy block)")
+    spec_arg(sp)
+    sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
+    sp.add_argument("--dry-run", action="store_true", help="render and check only; no cluster needed")
+    sp.add_argument("--out", type=Path, help="write the rendered manifests here (default with --dry-run: out/deploy)")
+    sp.add_argument("--chart", type=Path, help="chart folder (default: helm/triton-edge of the kit)")
+    sp.add_argument("--kubeconfig", type=Path, help="default: $KUBECONFIG, then ~/.kube/config")
+    sp.add_argument("--kube-context", help="default: the kubeconfig's current context")
+    sp.add_argument("--wait", action="store_true", help="wait until the pods are ready")
+    sp.add_argument("--timeout", type=int, default=600, help="seconds for helm (and --wait)")
+    sp.set_defaults(func=cmd_deploy)
     return p
 
 

@@ -1,6 +1,7 @@
 """`make demo`: the whole loop on this machine with a real tritonserver on the CPU.
 
-sample model -> configs -> serve -> a concurrent burst -> latency and batch statistics -> stop.
+sample model -> configs -> serve -> a concurrent burst (latency and batch statistics) -> a short
+headless Locust load test with two priority classes -> a short batch-size sweep and its report -> stop.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from pathlib import Path
 from tritonkit import sample_model
 from tritonkit.clients.burst import burst
 from tritonkit.configs.generate import generate
+from tritonkit.loadtests.load import Load, RequestClass
+from tritonkit.loadtests.results import format_result, measure_by, write_result
+from tritonkit.loadtests.sweep import sweep
 from tritonkit.serving import running
 from tritonkit.spec import load_spec, parse_spec
 from tritonkit.stats import batch_histogram, summary_ms
@@ -20,8 +24,14 @@ def say(msg: str = "") -> None:
     print(msg, flush=True)
 
 
-def run_demo(spec_path: Path, repo: Path, state_dir: Path, requests: int = 2000, concurrency: int = 32) -> None:
-    say("== 1/4 sample model")
+STEPS = 6
+# Two classes as an edge service has them: a few interactive requests ahead of bulk work.
+CLASSES = [RequestClass("interactive", weight=1, priority=1), RequestClass("bulk", weight=3, priority=2)]
+
+
+def run_demo(spec_path: Path, repo: Path, state_dir: Path, requests: int = 2000, concurrency: int = 32,
+             out: Path = Path("out/demo"), seconds: float = 4.0) -> None:
+    say(f"== 1/{STEPS} sample model")
     draft = parse_spec(spec_path)
     onnx_path = draft.onnx_path(draft.models[0])
     if onnx_path.exists():
@@ -30,24 +40,40 @@ def run_demo(spec_path: Path, repo: Path, state_dir: Path, requests: int = 2000,
         sample_model.write(onnx_path)
         say(f"wrote {onnx_path}")
 
-    say("== 2/4 configs")
+    say(f"== 2/{STEPS} configs")
     for r in generate(spec_path, repo):
         say(f"{r.config_path}: {'updated' if r.changed else 'unchanged'} (runtime {r.runtime})")
     spec = load_spec(spec_path)
     model = spec.models[0].name
 
-    say("== 3/4 serve (real tritonserver, free ports)")
+    say(f"== 3/{STEPS} serve (real tritonserver, free ports)")
     ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
     with running(spec, repo, state_dir, models=[model], ports=ports, log=say) as r:
         say(f"  HTTP {r.endpoints.http}  gRPC {r.endpoints.grpc}  metrics {r.endpoints.metrics}")
-        say(f"== 4/4 burst: {requests} requests of batch 1 from {concurrency} concurrent gRPC clients")
+        say(f"== 4/{STEPS} burst: {requests} requests of batch 1 from {concurrency} concurrent gRPC clients")
         # Warm-up first: the first large batches pay ONNX Runtime's allocations; keep them out.
         asyncio.run(burst(r.endpoints.grpc, model, min(200, requests), concurrency))
         with r.client() as c:
             before = c.statistics(model)
             result = asyncio.run(burst(r.endpoints.grpc, model, requests, concurrency))
             after = c.statistics(model)
-    report(result, batch_histogram(before, after))
+        report(result, batch_histogram(before, after))
+
+        m = spec.model(model)
+        rate = m.slo.rps or 300.0
+        load = Load(rate=rate, duration_s=seconds, warmup_s=1.0)
+        say(f"\n== 5/{STEPS} load test: Locust headless, {load.describe()}, interactive and bulk classes")
+        lt = measure_by("locust", m, load, CLASSES, url=r.endpoints.http, metrics=r.endpoints.metrics,
+                        log_dir=out / "loadtest")
+        say(format_result(lt))
+        js, _ = write_result(lt, out / "loadtest")
+        say(f"wrote {js}")
+
+        sizes = [b for b in (1, 2, 4, 8, 16, 32) if b <= max(m.max_batch_size, 1)]
+        say(f"\n== 6/{STEPS} sweep over max batch sizes {sizes} at {rate:g} req/s, {seconds:g} s per row")
+        files = sweep(r, spec, repo, model, Load(rate=rate, duration_s=seconds, warmup_s=1.0), out / "sweep",
+                      batch_sizes=sizes, log=say)
+        say(f"report: {files['report.md']}")
 
 
 def report(result, histogram: dict[int, int]) -> None:

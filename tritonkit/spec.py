@@ -73,6 +73,21 @@ class Slo(_Strict):
     rps: float | None = Field(None, gt=0)
 
 
+class BuildSpec(_Strict):
+    """`tritonkit build`: verification tolerances, profile planning and TensorRT builder options."""
+
+    atol: float = Field(1e-3, ge=0)  # prepared graph / engine vs ONNX Runtime on the original
+    rtol: float = Field(1e-3, ge=0)
+    opt_batch: int | None = Field(None, ge=1)  # default: the largest preferred batch size, else the max
+    safety_factor: float = Field(1.5, ge=1)  # on activation memory (DESIGN.md: 1.5 to 2)
+    precision: Literal["fp32", "tf32", "fp16"] = "fp32"  # fp16 needs TensorRT 10 (11 takes it from the graph)
+    workspace_mb: int | None = Field(None, ge=1)  # None = TensorRT's default (the device's memory)
+    optimization_level: int = Field(3, ge=0, le=5)
+    hardware_compat: Literal["none", "ampere_plus", "same_compute_capability"] = "none"
+    # Upper edges that split every dynamic per-sample dim into length buckets, one profile each.
+    bucket_edges: list[int] = Field(default_factory=list)
+
+
 class ModelSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
     onnx: Path
@@ -87,6 +102,7 @@ class ModelSpec(_Strict):
     threads: int = Field(1, ge=1)  # ONNX Runtime intra-op threads per instance
     slo: Slo = Field(default_factory=Slo)
     memory_budget_mb: float | None = Field(None, gt=0)
+    build: BuildSpec = Field(default_factory=BuildSpec)
 
 
 class RestrictedKey(_Strict):
@@ -107,9 +123,59 @@ class ServerSpec(_Strict):
     startup_timeout_s: float = Field(120, gt=0)
 
 
+_K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS label, as Kubernetes names must be
+
+
+class DeployEngines(_Strict):
+    """Where the pod finds each model's version folder (<model>/1/model.plan or model.onnx)."""
+
+    source: Literal["hostPath", "pvc", "fetch"] = "hostPath"
+    host_path: str | None = Field(None, pattern=r"^/")  # default: this machine's generated repository
+    pvc: str | None = Field(None, pattern=_K8S_NAME)  # an existing claim; unset creates one
+    pvc_size: str = Field("10Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
+    url: str | None = Field(None, pattern=r"^https?://")  # archive with <model>/1/... folders
+    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
+
+
+class DeployAutoscaling(_Strict):
+    enabled: bool = False
+    min_replicas: int = Field(1, ge=1)
+    max_replicas: int = Field(3, ge=1)
+    metric: Literal["queue_time", "cpu"] = "queue_time"
+    target_queue_us: int | None = Field(None, gt=0)  # default: a quarter of the tightest P95 SLO
+    target_cpu_percent: int = Field(80, ge=1, le=100)
+
+
+class DeployLocust(_Strict):
+    enabled: bool = False
+    workers: int = Field(2, ge=0)
+    model: str | None = None  # default: the first model
+
+
+class DeploySettings(_Strict):
+    """`tritonkit deploy`: the Helm release, and the chart values that deploy.yaml decides."""
+
+    release: str = Field("triton-edge", max_length=53, pattern=_K8S_NAME)
+    namespace: str = Field("triton", max_length=63, pattern=_K8S_NAME)
+    platform: Literal["x86", "jetson"] = "x86"  # NGC image -py3 or -py3-igpu
+    triton_version: str = Field("24.10", pattern=r"^[0-9]{2}\.[0-9]{2}$")  # NGC release YY.MM
+    gpus: int = Field(1, ge=0)
+    runtime_class: str | None = None  # default: `nvidia` on jetson, none on x86
+    replicas: int = Field(1, ge=1)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    engines: DeployEngines = Field(default_factory=DeployEngines)
+    kit_image: str | None = None  # image with the kit installed (tuner, Locust): registry/repo:tag
+    tuner: bool = False
+    locust: DeployLocust = Field(default_factory=DeployLocust)
+    autoscaling: DeployAutoscaling = Field(default_factory=DeployAutoscaling)
+    service_monitor: bool = False
+    values: dict[str, object] = Field(default_factory=dict)  # any chart value, merged last
+
+
 class DeploySpec(_Strict):
     models: list[ModelSpec] = Field(min_length=1)
     server: ServerSpec = Field(default_factory=ServerSpec)
+    deploy: DeploySettings = Field(default_factory=DeploySettings)
 
 
 class Spec:
