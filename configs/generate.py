@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonkit import onnx_io
 from tritonkit.errors import InputError, Problem
 from tritonkit.files import copy_file_atomic, write_bytes_atomic
-from tritonkit.spec import ModelSpec, QueuePolicy, Spec, TensorSpec, load_spec
+from tritonkit.spec import ModelSpec, QueuePolicy, Spec, TensorSpec, parse_spec
 
 VERSION = "1"  # one served version per model; the repository is regenerated, not versioned by hand
 RUNNER_FILE = "runner_model.py"
@@ -31,6 +31,9 @@ class ResolvedModel:
     runtime: str  # tensorrt | onnxruntime | python-onnxruntime
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    # From build_engines.plan (the one max-batch rule); None = the spec's value.
+    max_batch_size: int | None = None
+    profiles: tuple[int, ...] = ()  # TensorRT optimization profiles the instances use (length buckets)
 
 
 def gpu_present() -> bool:
@@ -67,12 +70,16 @@ def _merge(declared: list[TensorSpec] | None, graph: tuple[onnx_io.GraphTensor, 
     return tuple(out)
 
 
-def resolve(spec: Spec, m: ModelSpec, target: str = "local") -> ResolvedModel:
+def resolve(spec: Spec, m: ModelSpec, target: str = "local", out: Path | None = None) -> ResolvedModel:
+    from tritonkit.build_engines.artifacts import serving_batch
+
     path = spec.onnx_path(m)
     io = onnx_io.read_io(path)
     batched = m.max_batch_size > 0
-    return ResolvedModel(m, path, resolve_runtime(m, target),
-                         _merge(m.inputs, io.inputs, batched), _merge(m.outputs, io.outputs, batched))
+    runtime = resolve_runtime(m, target)
+    max_batch, profiles = serving_batch(spec, m, out, runtime)
+    return ResolvedModel(m, path, runtime, _merge(m.inputs, io.inputs, batched),
+                         _merge(m.outputs, io.outputs, batched), max_batch, profiles)
 
 
 def _queue_policy(p: QueuePolicy) -> mc.ModelQueuePolicy:
@@ -91,7 +98,8 @@ def _warmup_dims(t: TensorSpec) -> list[int]:
 
 def build_config(r: ResolvedModel) -> mc.ModelConfig:
     m = r.spec
-    cfg = mc.ModelConfig(name=m.name, max_batch_size=m.max_batch_size)
+    max_batch = m.max_batch_size if r.max_batch_size is None else r.max_batch_size
+    cfg = mc.ModelConfig(name=m.name, max_batch_size=max_batch)
     if r.runtime == "python-onnxruntime":
         cfg.backend = "python"
         cfg.parameters["intra_op_threads"].string_value = str(m.threads)
@@ -125,12 +133,14 @@ def build_config(r: ResolvedModel) -> mc.ModelConfig:
     group = cfg.instance_group.add(count=m.instances.count,
                                    kind=mc.ModelInstanceGroup.Kind.Value(f"KIND_{kind.upper()}"))
     group.gpus.extend(m.instances.gpus)
+    if r.runtime == "tensorrt":
+        group.profile.extend(str(p) for p in r.profiles)
     if m.response_cache:
         cfg.response_cache.enable = True
     if m.warmup:
         # Warm at batch 1 and at the largest batch, so the first full batch in production does
         # not pay the runtime's first-time allocations.
-        for size in dict.fromkeys([1, m.max_batch_size] if m.max_batch_size else [0]):
+        for size in dict.fromkeys([1, max_batch] if max_batch else [0]):
             w = cfg.model_warmup.add(name=f"random_batch_{size}", batch_size=size)
             for t in r.inputs:
                 w.inputs[t.name].CopyFrom(mc.ModelWarmup.Input(
@@ -178,27 +188,36 @@ def write_model(r: ResolvedModel, cfg: mc.ModelConfig, out: Path) -> WriteReport
 
 
 def _engine_problems(spec: Spec, resolved: list[ResolvedModel], out: Path) -> list[Problem]:
-    return [Problem(spec.shown, f"models[{spec.models.index(r.spec)}].runtime",
-                    f"tensorrt needs the engine {out / r.spec.name / VERSION / 'model.plan'}, which does not exist",
-                    "build it first (`tritonkit build`) or set runtime: onnxruntime")
-            for r in resolved if r.runtime == "tensorrt" and not (out / r.spec.name / VERSION / "model.plan").exists()]
+    from tritonkit.build_engines.artifacts import serving_problems
+
+    missing = [Problem(spec.shown, f"models[{spec.models.index(r.spec)}].runtime",
+                       f"tensorrt needs the engine {out / r.spec.name / VERSION / 'model.plan'}, which does not exist",
+                       "build it first (`tritonkit build`) or set runtime: onnxruntime")
+               for r in resolved
+               if r.runtime == "tensorrt" and not (out / r.spec.name / VERSION / "model.plan").exists()]
+    # The planned max batch must admit the preferred sizes; an engine must fit the spec and this machine.
+    return missing + [p for r in resolved for p in serving_problems(spec, r.spec, out, r.runtime, r.max_batch_size)]
 
 
 def generate(spec_path: Path, out: Path, target: str = "local", models: list[str] | None = None) -> list[WriteReport]:
     """Validate everything and build every config in memory; only then touch the disk."""
-    return generate_from(load_spec(spec_path), out, target, models)
+    # generate_from checks every rule, after swapping in graphs that `tritonkit build` prepared
+    # (a batch-1 export is fine once built), so parsing is all that is needed here.
+    return generate_from(parse_spec(spec_path), out, target, models)
 
 
 def generate_from(spec: Spec, out: Path, target: str = "local", models: list[str] | None = None) -> list[WriteReport]:
     """Like generate() for a spec already in memory (the sweep and the tuner derive variants)."""
+    from tritonkit.build_engines.artifacts import prepared_spec
     from tritonkit.configs.rules import spec_problems
 
+    spec = prepared_spec(spec, Path(out))  # models `tritonkit build` prepared serve the prepared graph
     problems = spec_problems(spec)
     if problems:
         raise InputError(problems)
     out = Path(out)
     chosen = [spec.model(n) for n in models] if models else spec.models
-    resolved = [resolve(spec, m, target) for m in chosen]
+    resolved = [resolve(spec, m, target, out) for m in chosen]
     problems = _engine_problems(spec, resolved, out)
     if problems:
         raise InputError(problems)

@@ -87,6 +87,8 @@ def check_against_graph(file: str, at: str, model: ModelSpec, io: GraphIO) -> li
                     file, f"{at}.max_batch_size",
                     f"{model.max_batch_size} needs a dynamic batch axis, but the ONNX {kind[:-1]} "
                     f"{t.name!r} has a fixed first dim {t.shape[0]}",
+                    "run `tritonkit build` first (it makes a fixed batch of 1 dynamic), re-export with a "
+                    "dynamic batch axis, or set max_batch_size: 0" if t.shape[0] == 1 else
                     "re-export with a dynamic batch axis, or set max_batch_size: 0"))
                 break
             if t.dtype is None:

@@ -1,0 +1,1 @@
+"""ONNX preparation, shape-profile planning and TensorRT engine builds."""

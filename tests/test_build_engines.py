@@ -1,0 +1,319 @@
+"""build_engines on the CPU: graph preparation checked with ONNX Runtime, profile planning, the
+memory bound, the max-batch agreement with configs, input errors and no-op rebuilds. The TensorRT
+path is covered by the gpu-marked tests at the end (skipped without a GPU and TensorRT)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests import models
+from tests.conftest import tritonkit, write_spec
+from tritonkit.build_engines import artifacts
+from tritonkit.build_engines.gpu import Gpu, Target, target
+from tritonkit.build_engines.plan import make_plan
+from tritonkit.configs.generate import generate, parse
+from tritonkit.errors import InputError
+from tritonkit.spec import parse_spec
+
+
+def static_reshape(path: Path) -> Path:
+    """Exported with batch fixed at 1 and two hard-coded Reshapes: [1, 15] and [1, -1, 5]."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 5)).astype(np.float32), "W"),
+             numpy_helper.from_array(np.array([1, 15], dtype=np.int64), "flat"),
+             numpy_helper.from_array(rng.standard_normal(15).astype(np.float32), "B"),
+             numpy_helper.from_array(np.array([1, -1, 5], dtype=np.int64), "unflat")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]),
+             helper.make_node("Reshape", ["h", "flat"], ["f"], name="flatten"),
+             helper.make_node("Add", ["f", "B"], ["a"]),
+             helper.make_node("Reshape", ["a", "unflat"], ["u"], name="unflatten"),
+             helper.make_node("Relu", ["u"], ["y"])]
+    graph = helper.make_graph(nodes, "static", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 5])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(onnx.shape_inference.infer_shapes(model), path)  # exporters record the batch-1 shapes too
+    return path
+
+
+def batch_folding(path: Path) -> Path:
+    """Batch fixed at 1 and a Reshape to [3, 4] that folds the batch axis away: not safely fixable."""
+    shape = numpy_helper.from_array(np.array([3, 4], dtype=np.int64), "s")
+    back = numpy_helper.from_array(np.array([1, 3, 4], dtype=np.int64), "b")
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["r"], name="fold_batch"),
+             helper.make_node("Relu", ["r"], ["z"]),
+             helper.make_node("Reshape", ["z", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "folding", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4])],
+                              initializer=[shape, back])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def run(path_or_model, feed):
+    data = path_or_model.SerializeToString() if isinstance(path_or_model, onnx.ModelProto) else str(path_or_model)
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    return sess.run(None, feed)[0]
+
+
+def files_state(folder: Path) -> dict:
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+
+
+def assert_input_error(res, *words):
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    for w in words:
+        assert w in res.stderr, res.stderr
+
+
+# ---- graph preparation --------------------------------------------------------------------------
+
+def test_static_batch_reshape_becomes_dynamic_and_matches_the_original(tmp_path):
+    static_reshape(tmp_path / "static.onnx")
+    spec = write_spec(tmp_path, {"models": [{"name": "st", "onnx": "static.onnx", "max_batch_size": 8,
+                                             "batching": {"preferred_batch_sizes": [4]}}]})
+    res = tritonkit("build", "--spec", str(spec), "--out", str(tmp_path / "repo"))
+    assert res.returncode == 0, res.stderr
+    assert "batch axis made dynamic" in res.stdout and "2 Reshape shape constant(s) patched" in res.stdout
+    assert "engine build skipped" in res.stdout or not target().reason
+
+    prepared = onnx.load(tmp_path / "repo/st/build/model.onnx")
+    for vi in [*prepared.graph.input, *prepared.graph.output]:
+        assert vi.type.tensor_type.shape.dim[0].dim_param  # symbolic, not 1
+    # The version folder serves the prepared graph, and config.pbtxt says the batch it takes.
+    assert (tmp_path / "repo/st/1/model.onnx").read_bytes() == (tmp_path / "repo/st/build/model.onnx").read_bytes()
+    assert parse((tmp_path / "repo/st/config.pbtxt").read_text()).max_batch_size == 8
+
+    rng = np.random.default_rng(7)
+    x1 = rng.standard_normal((1, 3, 4)).astype(np.float32)
+    np.testing.assert_allclose(run(prepared, {"x": x1}), run(tmp_path / "static.onnx", {"x": x1}), atol=1e-6)
+    x6 = rng.standard_normal((6, 3, 4)).astype(np.float32)
+    stacked = np.concatenate([run(tmp_path / "static.onnx", {"x": x6[i:i + 1]}) for i in range(6)])
+    got = run(prepared, {"x": x6})
+    assert got.shape == (6, 3, 5)
+    np.testing.assert_allclose(got, stacked, atol=1e-6)
+
+    record = json.loads((tmp_path / "repo/st/build/build.json").read_text())
+    checked = sorted(c["shapes"]["x"][0] for c in record["verify"]["checks"])
+    assert checked == [1, 4, 8] and all(c["passed"] for c in record["verify"]["checks"])
+    assert record["prepared"]["static_batch_made_dynamic"] is True
+
+
+def test_a_reshape_that_folds_the_batch_axis_is_refused_with_the_reason(tmp_path):
+    batch_folding(tmp_path / "fold.onnx")
+    spec = write_spec(tmp_path, {"models": [{"name": "f", "onnx": "fold.onnx", "max_batch_size": 4}]})
+    res = tritonkit("build", "--spec", str(spec), "--out", str(tmp_path / "repo"))
+    assert_input_error(res, "models[0].max_batch_size", "cannot make the batch axis dynamic safely",
+                       "'fold_batch'", "[3, 4]", "fix: re-export")
+    assert not (tmp_path / "repo").exists()
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "truncated"])
+def test_corrupt_or_truncated_onnx_is_a_clear_input_error(tmp_path, kind):
+    good = models.mlp(tmp_path / "good.onnx", width=64, layers=2).read_bytes()
+    bad = b"\x08\x07this is not a protobuf model" * 20 if kind == "corrupt" else good[: len(good) // 2]
+    (tmp_path / "bad.onnx").write_bytes(bad)
+    spec = write_spec(tmp_path, {"models": [{"name": "m", "onnx": "bad.onnx", "max_batch_size": 4}]})
+    res = tritonkit("build", "--spec", str(spec), "--out", str(tmp_path / "repo"))
+    assert_input_error(res, "deploy.yaml: models[0].onnx:", "bad.onnx is not a usable ONNX model", "(fix: ")
+    assert not (tmp_path / "repo").exists()
+    res = tritonkit("inspect", str(tmp_path / "bad.onnx"))
+    assert_input_error(res, "is not a usable ONNX model")
+
+
+def test_inspect_reports_io_dynamic_dims_and_op_counts(tmp_path):
+    static_reshape(tmp_path / "static.onnx")
+    models.two_input_int64(tmp_path / "two.onnx")
+    res = tritonkit("inspect", str(tmp_path / "static.onnx"), str(tmp_path / "two.onnx"))
+    assert res.returncode == 0, res.stderr
+    assert "batch axis fixed at 1" in res.stdout and "Reshape 2" in res.stdout
+    assert "input  ids: INT64 ['batch', 'seq']  dynamic dims [0, 1]" in res.stdout
+    assert "Mul 1" in res.stdout
+
+
+# ---- profile planning ---------------------------------------------------------------------------
+
+TWO_INPUT = {"name": "t", "onnx": "two.onnx", "max_batch_size": 8,
+             "batching": {"preferred_batch_sizes": [4]},
+             "inputs": [{"name": "ids", "dims": [-1], "min": [1], "opt": [16], "max": [64]},
+                        {"name": "mask", "dims": [-1], "min": [1], "opt": [16], "max": [64]}]}
+
+
+def _plan(tmp_path, model: dict):
+    spec = parse_spec(write_spec(tmp_path, {"models": [model]}))
+    m = spec.models[0]
+    return make_plan(spec, m, onnx.load(spec.onnx_path(m)))
+
+
+def test_two_int64_inputs_with_a_dynamic_sequence_get_min_opt_max_profiles(tmp_path):
+    models.two_input_int64(tmp_path / "two.onnx")
+    plan = _plan(tmp_path, TWO_INPUT)
+    assert plan.dtypes == {"ids": "INT64", "mask": "INT64"}
+    (profile,) = plan.profiles
+    for r in profile:
+        assert (r.min, r.opt, r.max) == ((1, 1), (4, 16), (8, 64))
+
+    buckets = _plan(tmp_path, {**TWO_INPUT, "build": {"bucket_edges": [16, 32]}})
+    seq = [(r.min[1], r.opt[1], r.max[1]) for r in (p[0] for p in buckets.profiles)]
+    assert seq == [(1, 16, 16), (17, 32, 32), (33, 64, 64)]
+    assert all(p[0].max[1] == p[1].max[1] for p in buckets.profiles)  # ids and mask share the length
+
+    # Through the command: the plan is recorded and ONNX Runtime ran every profile's shapes.
+    spec = write_spec(tmp_path, {"models": [{**TWO_INPUT, "build": {"bucket_edges": [16, 32]}}]})
+    res = tritonkit("build", "--spec", str(spec), "--out", str(tmp_path / "repo"))
+    assert res.returncode == 0, res.stderr
+    record = json.loads((tmp_path / "repo/t/build/build.json").read_text())
+    assert record["plan"]["profiles"][1]["ids"] == {"min": [1, 17], "opt": [4, 32], "max": [8, 32]}
+    assert len(record["verify"]["checks"]) == 9
+
+
+def test_a_dynamic_dim_without_a_range_is_an_input_error(tmp_path):
+    models.two_input_int64(tmp_path / "two.onnx")
+    with pytest.raises(InputError) as e:
+        _plan(tmp_path, {"name": "t", "onnx": "two.onnx", "max_batch_size": 8})
+    assert any(p.path == "models[0].inputs" and "'ids' dim 0 is dynamic" in p.message for p in e.value.problems)
+    with pytest.raises(InputError) as e:
+        _plan(tmp_path, {**TWO_INPUT, "build": {"bucket_edges": [100]}})
+    assert e.value.problems[0].path == "models[0].build.bucket_edges[0]"
+
+
+def test_a_smaller_memory_budget_lowers_the_max_batch(tmp_path):
+    models.mlp(tmp_path / "mlp.onnx", width=256, layers=2)  # 0.5 MiB of weights, 1 KiB per sample per tensor
+    base = {"name": "m", "onnx": "mlp.onnx", "max_batch_size": 512}
+    plans = {mb: _plan(tmp_path, {**base, "memory_budget_mb": mb}) for mb in (64, 1, 0.75)}
+    assert plans[64].max_batch == 512 and plans[64].bounded_by == "spec"
+    assert 1 <= plans[0.75].max_batch < plans[1].max_batch < 512
+    assert plans[1].bounded_by == "memory"
+    for p in (plans[1], plans[0.75]):  # the bound is the largest batch that fits, not a guess
+        assert p.memory.total_bytes <= p.memory.budget_bytes
+    # Two instances hold two copies of everything: twice the budget buys the same batch.
+    two = _plan(tmp_path, {**base, "memory_budget_mb": 1.5, "instances": {"count": 2}})
+    assert two.max_batch == plans[0.75].max_batch
+    with pytest.raises(InputError) as e:
+        _plan(tmp_path, {**base, "memory_budget_mb": 0.25})
+    assert e.value.problems[0].path == "models[0].memory_budget_mb" and "too small" in e.value.problems[0].message
+
+
+@pytest.mark.parametrize("budget", [None, 64, 1, 0.75])
+def test_planned_max_batch_and_generated_max_batch_size_agree(tmp_path, budget):
+    models.mlp(tmp_path / "mlp.onnx", width=256, layers=2)
+    model = {"name": "m", "onnx": "mlp.onnx", "max_batch_size": 512, "memory_budget_mb": budget}
+    spec_path = write_spec(tmp_path, {"models": [model]})
+    plan = _plan(tmp_path, model)
+    # configs alone (no build) and build (which writes configs) apply the same rule.
+    generate(spec_path, tmp_path / "plain")
+    assert parse((tmp_path / "plain/m/config.pbtxt").read_text()).max_batch_size == plan.max_batch
+    res = tritonkit("build", "--spec", str(spec_path), "--out", str(tmp_path / "repo"))
+    assert res.returncode == 0, res.stderr
+    cfg = parse((tmp_path / "repo/m/config.pbtxt").read_text())
+    record = json.loads((tmp_path / "repo/m/build/build.json").read_text())
+    assert cfg.max_batch_size == record["plan"]["max_batch"] == plan.max_batch
+    assert max(w.batch_size for w in cfg.model_warmup) == plan.max_batch
+
+
+def test_configs_refuses_preferred_sizes_above_the_memory_bound(tmp_path):
+    models.mlp(tmp_path / "mlp.onnx", width=256, layers=2)
+    spec = write_spec(tmp_path, {"models": [{"name": "m", "onnx": "mlp.onnx", "max_batch_size": 512,
+                                             "memory_budget_mb": 1, "batching": {"preferred_batch_sizes": [512]}}]})
+    res = tritonkit("configs", "--spec", str(spec), "--out", str(tmp_path / "repo"))
+    assert_input_error(res, "models[0].memory_budget_mb: bounds the max batch to", "preferred_batch_sizes [512]")
+    assert not (tmp_path / "repo").exists()
+
+
+# ---- rebuilds -----------------------------------------------------------------------------------
+
+def test_an_unchanged_spec_does_not_rebuild(tmp_path):
+    static_reshape(tmp_path / "static.onnx")
+    model = {"name": "st", "onnx": "static.onnx", "max_batch_size": 8}
+    spec = write_spec(tmp_path, {"models": [model]})
+    repo = tmp_path / "repo"
+    assert tritonkit("build", "--spec", str(spec), "--out", str(repo)).returncode == 0
+    before = files_state(repo)
+    res = tritonkit("build", "--spec", str(spec), "--out", str(repo))
+    assert res.returncode == 0, res.stderr
+    assert "unchanged" in res.stdout and "prepare" not in res.stdout
+    assert files_state(repo) == before  # same bytes, same mtimes
+
+    write_spec(tmp_path, {"models": [{**model, "build": {"atol": 1e-5}}]})
+    res = tritonkit("build", "--spec", str(spec), "--out", str(repo))
+    assert res.returncode == 0 and "prepare static.onnx" in res.stdout  # a changed setting rebuilds
+
+
+# ---- engines ------------------------------------------------------------------------------------
+
+def test_an_engine_for_another_gpu_or_tensorrt_is_refused():
+    engine = {"trt_version": "10.3.0", "gpu_name": "Orin", "compute_capability": "8.7", "hardware_compat": "none"}
+    orin = Gpu("Orin", "8.7")
+    assert artifacts.engine_mismatch(engine, Target(orin, "10.3.0", None)) is None
+    why = artifacts.engine_mismatch(engine, Target(orin, "11.0.0", None))
+    assert "built with TensorRT 10.3.0, this machine has 11.0.0" in why
+    why = artifacts.engine_mismatch(engine, Target(Gpu("NVIDIA L4", "8.9"), "10.3.0", None))
+    assert "built for Orin (compute capability 8.7" in why and "NVIDIA L4 (8.9)" in why
+    # Ampere-plus engines run on any Ampere or newer GPU, not on Turing.
+    amp = {**engine, "hardware_compat": "ampere_plus"}
+    assert artifacts.engine_mismatch(amp, Target(Gpu("NVIDIA L4", "8.9"), "10.3.0", None)) is None
+    assert artifacts.engine_mismatch(amp, Target(Gpu("Tesla T4", "7.5"), "10.3.0", None))
+
+
+def test_without_a_gpu_the_engine_step_says_why_in_one_line(tmp_path):
+    here = target()
+    if here.reason is None:
+        pytest.skip("this machine can build engines")
+    models.mlp(tmp_path / "mlp.onnx", width=64, layers=2)
+    spec = write_spec(tmp_path, {"models": [{"name": "m", "onnx": "mlp.onnx", "max_batch_size": 4}]})
+    res = tritonkit("build", "--spec", str(spec), "--out", str(tmp_path / "repo"))
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if "engine build skipped" in ln]
+    assert len(lines) == 1 and here.reason in lines[0]
+    cfg = parse((tmp_path / "repo/m/config.pbtxt").read_text())
+    assert cfg.backend == "python" and not (tmp_path / "repo/m/1/model.plan").exists()
+
+
+needs_gpu = pytest.mark.skipif(target().reason is not None, reason=f"TensorRT path: {target().reason}")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_engine_build_records_the_target_and_matches_onnxruntime(tmp_path):
+    models.mlp(tmp_path / "mlp.onnx", width=256, layers=2)
+    spec = write_spec(tmp_path, {"models": [{"name": "m", "onnx": "mlp.onnx", "max_batch_size": 16,
+                                             "runtime": "tensorrt", "batching": {"preferred_batch_sizes": [4]}}]})
+    repo, cache = tmp_path / "repo", tmp_path / "cache"
+    res = tritonkit("build", "--spec", str(spec), "--out", str(repo), "--cache-dir", str(cache))
+    assert res.returncode == 0, res.stdout + res.stderr
+    record = json.loads((repo / "m/build/build.json").read_text())
+    here = target()
+    engine = record["engine"]
+    assert engine["trt_version"] == here.trt_version and engine["compute_capability"] == here.gpu.compute_capability
+    assert engine["max_abs"] < 1e-2 and engine["profiles"] == 1  # the build fails outside atol/rtol anyway
+    assert (repo / "m/1/model.plan").is_file() and list(cache.glob("timing-*.cache"))
+    cfg = parse((repo / "m/config.pbtxt").read_text())
+    assert cfg.platform == "tensorrt_plan" and cfg.max_batch_size == record["plan"]["max_batch"]
+    before = files_state(repo)
+    res = tritonkit("build", "--spec", str(spec), "--out", str(repo), "--cache-dir", str(cache))
+    assert "unchanged" in res.stdout and files_state(repo) == before
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_engine_with_length_buckets_maps_every_profile_to_the_instances(tmp_path):
+    models.seq_mean(tmp_path / "seq.onnx")
+    spec = write_spec(tmp_path, {"models": [{
+        "name": "s", "onnx": "seq.onnx", "max_batch_size": 8, "runtime": "tensorrt",
+        "inputs": [{"name": "x", "dims": [-1], "min": [1], "opt": [32], "max": [128]}],
+        "build": {"bucket_edges": [32]}}]})
+    res = tritonkit("build", "--spec", str(spec), "--out", str(tmp_path / "repo"),
+                    "--cache-dir", str(tmp_path / "cache"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    cfg = parse((tmp_path / "repo/s/config.pbtxt").read_text())
+    assert list(cfg.instance_group[0].profile) == ["0", "1"]
