@@ -1,0 +1,220 @@
+{{/* Names. Kubernetes limits names to 63 characters (DNS label). */}}
+{{- define "triton-edge.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "triton-edge.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A component's name: <fullname>-<suffix>, shortened so the suffix always survives. */}}
+{{- define "triton-edge.componentName" -}}
+{{- $suffix := .suffix -}}
+{{- printf "%s-%s" (include "triton-edge.fullname" .ctx | trunc (int (sub 62 (len $suffix))) | trimSuffix "-") $suffix -}}
+{{- end -}}
+
+{{- define "triton-edge.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels on every resource. */}}
+{{- define "triton-edge.labels" -}}
+helm.sh/chart: {{ include "triton-edge.chart" . }}
+app.kubernetes.io/name: {{ include "triton-edge.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: triton-edge-kit
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels. `component` separates Triton from the Locust pods of the same release. */}}
+{{- define "triton-edge.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "triton-edge.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "triton-edge.annotations" -}}
+{{- with .Values.commonAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Image references. A digest pins the image and wins over the tag. */}}
+{{- define "triton-edge.imageRef" -}}
+{{- $repo := .repository -}}
+{{- if .registry -}}{{- $repo = printf "%s/%s" .registry .repository -}}{{- end -}}
+{{- if .digest -}}
+{{- printf "%s@%s" $repo .digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo (toString .tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "triton-edge.flavor" -}}
+{{- if .Values.image.flavor -}}
+{{- .Values.image.flavor -}}
+{{- else if eq .Values.platform "jetson" -}}
+py3-igpu
+{{- else -}}
+py3
+{{- end -}}
+{{- end -}}
+
+{{- define "triton-edge.image" -}}
+{{- $img := .Values.image -}}
+{{- include "triton-edge.imageRef" (dict "registry" $img.registry "repository" $img.repository "digest" $img.digest "tag" (printf "%s-%s" (toString $img.tag) (include "triton-edge.flavor" .))) -}}
+{{- end -}}
+
+{{- define "triton-edge.kitImage" -}}
+{{- include "triton-edge.imageRef" .Values.kit.image -}}
+{{- end -}}
+
+{{/* The fetch init container defaults to the Triton image: it is on the node already and has python3. */}}
+{{- define "triton-edge.fetchImage" -}}
+{{- if .Values.engines.fetch.image.repository -}}
+{{- include "triton-edge.imageRef" .Values.engines.fetch.image -}}
+{{- else -}}
+{{- include "triton-edge.image" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "triton-edge.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "triton-edge.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "triton-edge.secretName" -}}
+{{- default (include "triton-edge.componentName" (dict "ctx" . "suffix" "auth")) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{- define "triton-edge.engineClaim" -}}
+{{- default (include "triton-edge.componentName" (dict "ctx" . "suffix" "engines")) .Values.engines.pvc.existingClaim -}}
+{{- end -}}
+
+{{/* Models in the repository, sorted so renders are stable. */}}
+{{- define "triton-edge.modelNames" -}}
+{{- keys .Values.modelRepository.configs | sortAlpha | join "," -}}
+{{- end -}}
+
+{{/* The tuner rewrites config.pbtxt in place, so with a tuner the repository is a writable copy. */}}
+{{- define "triton-edge.writableRepository" -}}
+{{- if .Values.tuner.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* Refuse values that would render a pod Triton cannot serve from. */}}
+{{- define "triton-edge.validate" -}}
+{{- if and (eq .Values.engines.source "fetch") (not .Values.engines.fetch.url) (not .Values.engines.fetch.urlSecret.name) -}}
+{{- fail "engines.source=fetch needs engines.fetch.url or engines.fetch.urlSecret.name" -}}
+{{- end -}}
+{{- range .Values.models -}}
+{{- if not (hasKey $.Values.modelRepository.configs .) -}}
+{{- fail (printf "models lists %q, which has no entry in modelRepository.configs" .) -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.pdb.create .Values.pdb.minAvailable .Values.pdb.maxUnavailable -}}
+{{- fail "pdb: set minAvailable or maxUnavailable, not both" -}}
+{{- end -}}
+{{- if and .Values.tuner.enabled (not .Values.modelRepository.spec) -}}
+{{- fail "tuner.enabled needs modelRepository.spec (the deploy.yaml text; `tritonkit deploy` sets it)" -}}
+{{- end -}}
+{{- if and .Values.locust.enabled (not (include "triton-edge.locustModel" .)) -}}
+{{- fail "locust.enabled needs locust.model or at least one model in modelRepository.configs" -}}
+{{- end -}}
+{{- if and .Values.autoscaling.enabled (lt (int .Values.autoscaling.maxReplicas) (int .Values.autoscaling.minReplicas)) -}}
+{{- fail "autoscaling.maxReplicas must be at least autoscaling.minReplicas" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* tritonserver arguments. $(TRITON_KEY) is expanded by the kubelet from the Secret-backed env var. */}}
+{{- define "triton-edge.serverArgs" -}}
+{{- $s := .Values.server -}}
+{{- $restricted := printf "model-repository:%s=$(TRITON_KEY)" .Values.auth.header -}}
+- --model-repository={{ .Values.modelRepository.mountPath }}
+- --model-control-mode=explicit
+{{- $models := .Values.models -}}
+{{- if not $models }}{{ $models = keys .Values.modelRepository.configs | sortAlpha }}{{ end }}
+{{- range $models }}
+- --load-model={{ . }}
+{{- end }}
+- --strict-readiness={{ $s.strictReadiness }}
+- --exit-timeout-secs={{ $s.exitTimeoutSeconds }}
+- --http-port={{ $s.ports.http }}
+- --grpc-port={{ $s.ports.grpc }}
+- --metrics-port={{ $s.ports.metrics }}
+- --allow-metrics=true
+- --allow-gpu-metrics={{ and $s.gpuMetrics (gt (int .Values.gpu.count) 0) }}
+- --allow-cpu-metrics=true
+{{- if $s.summaryLatencies }}
+- --metrics-config=summary_latencies=true
+{{- end }}
+- --http-restricted-api={{ $restricted }}
+- --grpc-restricted-protocol={{ $restricted }}
+{{- if $s.responseCache.enabled }}
+- --cache-config=local,size={{ mul (int $s.responseCache.sizeMB) 1048576 }}
+{{- end }}
+- --log-verbose={{ $s.logVerbose }}
+{{- range $s.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Engine volume mounts: each model's version folder, read-only, under the repository. */}}
+{{- define "triton-edge.engineMounts" -}}
+{{- $root := .Values.modelRepository.mountPath -}}
+{{- range keys .Values.modelRepository.configs | sortAlpha }}
+- name: engines
+  mountPath: {{ printf "%s/%s/1" $root . }}
+  subPath: {{ printf "%s/1" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "triton-edge.engineVolume" -}}
+- name: engines
+{{- if eq .Values.engines.source "hostPath" }}
+  hostPath:
+    path: {{ .Values.engines.hostPath.path }}
+    type: {{ .Values.engines.hostPath.type }}
+{{- else if eq .Values.engines.source "pvc" }}
+  persistentVolumeClaim:
+    claimName: {{ include "triton-edge.engineClaim" . }}
+    readOnly: true
+{{- else }}
+  emptyDir:
+    sizeLimit: {{ .Values.engines.fetch.sizeLimit }}
+{{- end }}
+{{- end -}}
+
+{{- define "triton-edge.locustMaster" -}}
+{{- include "triton-edge.componentName" (dict "ctx" . "suffix" "locust") -}}
+{{- end -}}
+
+{{- define "triton-edge.locustModel" -}}
+{{- default (first (keys .Values.modelRepository.configs | sortAlpha)) .Values.locust.model -}}
+{{- end -}}
+
+{{/* Text as a YAML block scalar that round-trips exactly (generated files are compared byte for
+byte): explicit indentation for text that starts with spaces, keep or strip the final newline. */}}
+{{- define "triton-edge.blockScalar" -}}
+{{- $text := .text -}}
+{{- $chomp := ternary "" "-" (hasSuffix "\n" $text) -}}
+{{- if hasSuffix "\n\n" $text }}{{ $chomp = "+" }}{{ end -}}
+|2{{ $chomp }}{{ $text | trimSuffix "\n" | nindent .indent }}
+{{- end -}}

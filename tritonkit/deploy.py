@@ -1,0 +1,209 @@
+"""`tritonkit deploy`: deploy.yaml to a Helm release on edge Kubernetes.
+
+Build engines (where a GPU is), generate the NGC configs, package them into the chart's values (a
+ConfigMap in the cluster), render and check the manifests, then `helm upgrade --install`. With
+`dry_run` nothing touches a cluster: the manifests are written to a folder instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.resources
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tritonkit import helm_chart
+from tritonkit.errors import InputError, KitError, Problem
+from tritonkit.spec import Spec, load_spec
+
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}  # the spec's 0 (a free port) means nothing in a pod
+
+
+@dataclass
+class DeployResult:
+    values: dict
+    rendered: helm_chart.Rendered
+    written: list[Path] = field(default_factory=list)
+    notes: str = ""
+
+
+def build_engines(spec_path: Path, repo: Path, log: Callable[[str], None]) -> None:
+    """TensorRT engines where a GPU is; the build itself belongs to tritonkit.build_engines."""
+    from tritonkit.configs.generate import gpu_present
+
+    if not gpu_present():
+        log("engines: skipped, no NVIDIA GPU with TensorRT here (models without an engine serve their ONNX "
+            "through onnxruntime)")
+        return
+    try:
+        mod = importlib.import_module("tritonkit.build_engines.build")
+    except ImportError:
+        log("engines: skipped, this version of the kit has no tritonkit.build_engines")
+        return
+    results = mod.build(spec_path, repo, target_kind="ngc", log=log)
+    if hasattr(mod, "table"):
+        log(mod.table(results))
+
+
+def locustfile_text() -> str:
+    return (importlib.resources.files("tritonkit.loadtests") / "locustfile.py").read_text()
+
+
+def _image(ref: str) -> dict:
+    """registry/repo:tag or registry/repo@sha256:... into the chart's image block."""
+    m = re.fullmatch(r"(?:(?P<reg>[^/]+\.[^/]+|localhost(?::\d+)?|[^/]+:\d+)/)?(?P<repo>[a-z0-9._/-]+)"
+                     r"(?::(?P<tag>[\w.-]+))?(?:@(?P<digest>sha256:[a-f0-9]{64}))?", ref)
+    if not m:
+        return {}
+    out = {"registry": m["reg"] or "", "repository": m["repo"]}
+    if m["tag"]:
+        out["tag"] = m["tag"]
+    if m["digest"]:
+        out["digest"] = m["digest"]
+    return out
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """Deep merge (maps merge, everything else is replaced), like Helm's values coalescing."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _spec_for_tuner(spec: Spec) -> str:
+    """The spec the tuner sidecar reads: models and server only. The deploy block can carry
+    anything (a fetch URL with credentials in deploy.values), so it never goes into a ConfigMap."""
+    raw = yaml.safe_load(spec.path.read_text()) or {}
+    raw.pop("deploy", None)
+    return yaml.safe_dump(raw, sort_keys=False)
+
+
+def chart_values(spec: Spec, repo: Path) -> dict:
+    """The chart values for this spec. Reads the generated config.pbtxt files from `repo`."""
+    d = spec.data.deploy
+    s = spec.server
+    names = [m.name for m in spec.models]
+    problems = []
+    kit_image = _image(d.kit_image) if d.kit_image else {}
+    if d.kit_image and not kit_image:
+        problems.append(Problem(spec.shown, "deploy.kit_image", f"{d.kit_image!r} is not an image reference",
+                                "use registry/repository:tag"))
+    if d.locust.model and d.locust.model not in names:
+        problems.append(Problem(spec.shown, "deploy.locust.model", f"no model named {d.locust.model!r}",
+                                f"use one of: {', '.join(names)}"))
+    if d.engines.source == "fetch" and not d.engines.url:
+        problems.append(Problem(spec.shown, "deploy.engines.url", "source fetch needs the archive's URL",
+                                "set deploy.engines.url (an archive of <model>/1/ folders)"))
+    if d.autoscaling.max_replicas < d.autoscaling.min_replicas:
+        problems.append(Problem(spec.shown, "deploy.autoscaling.max_replicas", "is below min_replicas",
+                                "raise it to at least min_replicas"))
+    if problems:
+        raise InputError(problems)
+
+    ports = {k: getattr(s, f"{k}_port") or v for k, v in DEFAULT_PORTS.items()}
+    engines: dict = {"source": d.engines.source}
+    if d.engines.source == "hostPath":
+        # Default: the repository generated here, which is right on a single-node k3s/MicroK8s box.
+        engines["hostPath"] = {"path": d.engines.host_path or str(Path(repo).resolve())}
+    elif d.engines.source == "pvc":
+        engines["pvc"] = {"existingClaim": d.engines.pvc or "", "size": d.engines.pvc_size}
+    else:
+        engines["fetch"] = {"url": d.engines.url or "", "sha256": (d.engines.sha256 or "").lower()}
+    slos = [m.slo.p95_ms for m in spec.models if m.slo.p95_ms]
+    # Scale out before queueing eats the latency budget: a quarter of the tightest P95 SLO.
+    queue_target = d.autoscaling.target_queue_us or (max(500, int(min(slos) * 1000 / 4)) if slos else 5000)
+
+    values = {
+        "platform": d.platform,
+        "image": {"tag": d.triton_version},
+        "replicaCount": d.replicas,
+        "models": names,
+        "server": {
+            "ports": ports,
+            "gpuMetrics": d.gpus > 0,
+            # Triton allocates the whole cache up front: only when a model uses it.
+            "responseCache": {"enabled": any(m.response_cache for m in spec.models), "sizeMB": s.response_cache_mb},
+        },
+        "auth": {"header": s.restricted_key.header},
+        "gpu": {"count": d.gpus},
+        "runtimeClassName": d.runtime_class if d.runtime_class is not None else
+        ("nvidia" if d.platform == "jetson" else ""),
+        "nodeSelector": d.node_selector,
+        "modelRepository": {"configs": {n: (Path(repo) / n / "config.pbtxt").read_text() for n in names}},
+        "engines": engines,
+        "service": {"ports": {"http": ports["http"], "grpc": ports["grpc"]}},
+        "metrics": {"service": {"port": ports["metrics"]}, "serviceMonitor": {"enabled": d.service_monitor}},
+        "autoscaling": {
+            "enabled": d.autoscaling.enabled,
+            "minReplicas": d.autoscaling.min_replicas,
+            "maxReplicas": d.autoscaling.max_replicas,
+            "metric": "queueTime" if d.autoscaling.metric == "queue_time" else "cpu",
+            "queueTime": {"targetAverageValue": str(queue_target)},
+            "cpu": {"targetUtilization": d.autoscaling.target_cpu_percent},
+        },
+        "tuner": {"enabled": d.tuner, "models": names, "apiKeyEnv": s.restricted_key.value_env},
+        "locust": {"enabled": d.locust.enabled, "workers": d.locust.workers, "model": d.locust.model or names[0]},
+    }
+    if d.tuner:
+        values["modelRepository"]["spec"] = _spec_for_tuner(spec)
+    if d.locust.enabled:
+        values["locust"]["locustfile"] = locustfile_text()
+    if kit_image:
+        values["kit"] = {"image": kit_image}
+    return _merge(values, d.values)
+
+
+def _rejected(spec: Spec, e: helm_chart.ValuesRejected) -> KitError:
+    """Values Helm refuses come from deploy.yaml (deploy.values, mostly): say so, with the file."""
+    return InputError([Problem(spec.shown, "deploy", f"the chart refused the values: {e}",
+                               "check deploy.values against helm/triton-edge/README.md (Parameters)")])
+
+
+def deploy(spec_path: Path, repo: Path, *, dry_run: bool = False, out: Path | None = None,
+           chart: Path | None = None, kubeconfig: Path | None = None, kube_context: str | None = None,
+           wait: bool = False, timeout_s: int = 600, log: Callable[[str], None] = print) -> DeployResult:
+    from tritonkit.configs.generate import generate
+
+    spec = load_spec(spec_path)
+    d = spec.data.deploy
+    if chart is not None and not (Path(chart) / "Chart.yaml").is_file():
+        raise InputError([Problem("command line", "--chart", f"{chart} is not a Helm chart (no Chart.yaml)",
+                                  "pass the chart folder, e.g. helm/triton-edge")])
+    if not dry_run:
+        helm_chart.kubeconfig_path(kubeconfig)  # no cluster: say so before minutes of engine builds
+
+    build_engines(spec_path, repo, log)
+    for r in generate(spec_path, repo, target="ngc"):
+        log(f"configs: {r.config_path} ({r.runtime}{', updated' if r.changed else ''})")
+    values = chart_values(spec, repo)
+    try:
+        rendered = helm_chart.render(values, d.release, d.namespace, chart)
+    except helm_chart.ValuesRejected as e:
+        raise _rejected(spec, e) from None
+    problems = helm_chart.validate(rendered)
+    if problems:
+        raise KitError(f"rendered manifests fail the Kubernetes schemas: {problems[0]}"
+                       + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    versions = " and ".join(helm_chart.kube_versions())
+    log(f"chart: {len(rendered.manifests)} manifests rendered by {rendered.engine}, valid for Kubernetes {versions}")
+    if d.engines.source == "hostPath":
+        log(f"engines: hostPath {values['engines']['hostPath']['path']} must hold <model>/1/ on the node")
+    result = DeployResult(values, rendered)
+    if out is not None:
+        result.written = helm_chart.write(rendered, values, out)
+        log(f"wrote {len(result.written)} files to {out} (all manifests in {Path(out) / 'manifests.yaml'})")
+    if dry_run:
+        result.notes = rendered.notes
+        return result
+    try:
+        result.notes = helm_chart.upgrade_install(values, d.release, d.namespace, chart=chart,
+                                                  kubeconfig=kubeconfig, kube_context=kube_context,
+                                                  wait=wait, timeout_s=timeout_s, log=log)
+    except helm_chart.ValuesRejected as e:
+        raise _rejected(spec, e) from None
+    return result
