@@ -1,4 +1,5 @@
-"""clients: typed Triton clients over tritonclient (HTTP and gRPC, sync and asyncio)."""
+"""clients: typed Triton clients over tritonclient (HTTP and gRPC, sync and asyncio), and a router
+over several endpoints with fallback and request coalescing."""
 
 from tritonkit.clients.client import AsyncClient, Client, ModelMeta
 from tritonkit.clients.errors import (
@@ -11,8 +12,17 @@ from tritonkit.clients.errors import (
     UnavailableError,
     classify,
 )
+from tritonkit.clients.router import (
+    AsyncRouter,
+    DeadlineExceededError,
+    NoEndpointError,
+    Routed,
+    Router,
+    RouterPolicy,
+)
 
 __all__ = [
-    "AccessDeniedError", "AsyncClient", "BadInputError", "Client", "ModelMeta", "ModelNotReadyError", "QueueFullError",
-    "RequestTimeoutError", "TritonRequestError", "UnavailableError", "classify",
+    "AccessDeniedError", "AsyncClient", "AsyncRouter", "BadInputError", "Client", "DeadlineExceededError",
+    "ModelMeta", "ModelNotReadyError", "NoEndpointError", "QueueFullError", "RequestTimeoutError", "Routed",
+    "Router", "RouterPolicy", "TritonRequestError", "UnavailableError", "classify",
 ]

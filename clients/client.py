@@ -218,6 +218,12 @@ class AsyncClient(_Base):
         except Exception as e:  # noqa: BLE001
             raise classify(e) from e
 
+    async def live(self) -> bool:
+        try:
+            return bool(await self._c.is_server_live())
+        except Exception:  # noqa: BLE001
+            return False
+
     async def config(self, model: str) -> mc.ModelConfig:
         return config_from_triton(await self._call(self._c.get_model_config, model, **self._config_kwargs()))
 

@@ -1,0 +1,437 @@
+"""Route each request to the Triton endpoint expected to answer first, and fall back on failure.
+
+The first URL is the edge (local) server by convention, the others remote. Per endpoint the
+router keeps `P95(service) + rtt` (see endpoint.py) and sends a request where that is lowest,
+which is DESIGN.md's `min(L_edge, L_remote + L_net)`. Each request has one deadline:
+
+    choose ──► attempt ──ok──► answer
+                  │  error / no answer within k x its expected latency
+                  ▼
+               retry on the next best endpoint, inside what is left of the deadline
+               (optionally a hedge: a second copy once the first is slower than its P95,
+                within a budget of extra requests)
+
+A circuit breaker per endpoint takes out one that keeps failing (requests or pings) and lets a
+single probe back in after a cool-down. A small share of requests explores a non-best endpoint so
+that one which recovered is measured again. Priority and Triton's queue timeout pass through.
+With `coalesce=True`, identical requests in flight share one inference (coalesce.py).
+
+`AsyncRouter` is the asyncio implementation; `Router` runs one on a background event loop for
+blocking callers (so requests from several threads coalesce with each other too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from tritonkit.clients.breaker import CircuitBreaker
+from tritonkit.clients.client import AsyncClient, ModelMeta
+from tritonkit.clients.coalesce import SingleFlight, request_key
+from tritonkit.clients.endpoint import Endpoint, LatencyWindow
+from tritonkit.clients.errors import RequestTimeoutError, TritonRequestError, UnavailableError
+from tritonkit.errors import input_error
+
+# The request itself is wrong: every endpoint would refuse it, so neither retry nor blame the endpoint.
+NOT_RETRYABLE = frozenset({"bad_input", "access_denied"})
+
+
+class DeadlineExceededError(RequestTimeoutError):
+    """No endpoint answered within the request's deadline (client side, across all attempts)."""
+    kind = "deadline"
+
+
+class NoEndpointError(UnavailableError):
+    """Every endpoint's circuit breaker is open."""
+
+
+@dataclass(frozen=True)
+class RouterPolicy:
+    deadline_s: float = 2.0  # per request, across all attempts
+    max_attempts: int = 3
+    # An attempt that takes longer than factor x the endpoint's expected latency (at least the
+    # floor) is given up and retried elsewhere, leaving the rest of the deadline for the retry.
+    # 0 = wait the whole deadline on each attempt.
+    attempt_timeout_factor: float = 5.0
+    attempt_timeout_floor_s: float = 0.05
+    hedge_budget: float = 0.0  # at most this share of extra (hedged) requests; 0 = no hedging
+    hedge_after_s: float | None = None  # None: once the attempt is slower than its endpoint's expected latency
+    explore: float = 0.05  # share of requests sent to a non-best endpoint, to keep measuring it ...
+    explore_interval_s: float = 0.2  # ... but not to one measured this recently: a few per second at most
+    breaker_failures: int = 5  # consecutive failures that open the breaker
+    breaker_cooldown_s: float = 2.0
+    ping_interval_s: float = 0.5
+    ping_timeout_s: float = 1.0
+    window_s: float = 5.0  # how recent the service-time samples behind the P95 are
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("deadline_s", self.deadline_s > 0, "a deadline in seconds above 0, e.g. 2.0"),
+            ("max_attempts", self.max_attempts >= 1, "at least 1 attempt"),
+            ("attempt_timeout_factor", self.attempt_timeout_factor >= 0, "0 (off) or a factor such as 5"),
+            ("attempt_timeout_floor_s", self.attempt_timeout_floor_s >= 0, "seconds >= 0"),
+            ("hedge_budget", 0 <= self.hedge_budget <= 1, "a share within 0..1, e.g. 0.05 for 5% extra requests"),
+            ("hedge_after_s", self.hedge_after_s is None or self.hedge_after_s >= 0, "seconds >= 0, or unset"),
+            ("explore", 0 <= self.explore < 1, "a share within 0..1, e.g. 0.05"),
+            ("explore_interval_s", self.explore_interval_s >= 0, "seconds >= 0"),
+            ("breaker_failures", self.breaker_failures >= 1, "at least 1"),
+            ("breaker_cooldown_s", self.breaker_cooldown_s >= 0, "seconds >= 0"),
+            ("ping_interval_s", self.ping_interval_s > 0, "seconds > 0"),
+            ("ping_timeout_s", self.ping_timeout_s > 0, "seconds > 0"),
+            ("window_s", self.window_s > 0, "seconds > 0"),
+        ]
+        for name, ok, fix in checks:
+            if not ok:
+                raise input_error("router policy", name, f"invalid value {getattr(self, name)!r}", fix)
+
+
+@dataclass(frozen=True)
+class Routed:
+    outputs: dict[str, np.ndarray]
+    endpoint: str  # URL of the endpoint that answered
+    attempts: int  # endpoints tried, hedges included
+    coalesced: bool = False  # answered by an identical request's inference
+
+
+@dataclass
+class _Attempt:
+    ep: Endpoint
+    started: float
+    until: float  # give up on it at this time (monotonic)
+
+
+def parse_urls(text: str, flag: str = "--endpoints") -> list[str]:
+    """`HOST:PORT,HOST:PORT,...` as the command line takes it; an InputError names the flag and the fix."""
+    urls = [u.strip() for u in text.split(",") if u.strip()]
+    if not urls:
+        raise input_error("command line", flag, "no endpoint given",
+                          f"give gRPC endpoints as {flag} HOST:PORT,HOST:PORT, the edge (local) one first")
+    for u in urls:
+        host, _, port = u.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise input_error("command line", flag, f"{u!r} is not HOST:PORT",
+                              "write each endpoint as HOST:PORT (its gRPC port), e.g. 127.0.0.1:8001")
+    if len(set(urls)) != len(urls):
+        raise input_error("command line", flag, f"an endpoint is listed twice: {','.join(urls)}",
+                          "list each endpoint once")
+    return urls
+
+
+class AsyncRouter:
+    """Use inside a running event loop: `async with AsyncRouter([edge, remote]) as r: await r.infer(...)`."""
+
+    def __init__(self, urls: list[str], policy: RouterPolicy | None = None, *, coalesce: bool = False,
+                 protocol: str = "grpc", seed: int | None = None):
+        if not urls:
+            raise input_error("router", "urls", "no endpoint given", "pass one or more HOST:PORT, edge first")
+        if len(set(urls)) != len(urls):
+            raise input_error("router", "urls", f"an endpoint is listed twice: {urls}", "list each endpoint once")
+        self.policy = p = policy or RouterPolicy()
+        self.protocol = protocol
+        roles = ["edge"] + (["remote"] if len(urls) == 2 else [f"remote{i}" for i in range(1, len(urls))])
+        self.endpoints = [Endpoint(u, roles[i], i, CircuitBreaker(p.breaker_failures, p.breaker_cooldown_s),
+                                   LatencyWindow(p.window_s)) for i, u in enumerate(urls)]
+        self._flight = SingleFlight() if coalesce else None
+        self._rng = random.Random(seed)
+        self._pinger: asyncio.Task | None = None
+        self.requests = self.ok = self.routed = self.retries = self.hedges = 0
+        self.errors: dict[str, int] = {}
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> AsyncRouter:
+        for ep in self.endpoints:
+            ep.client = AsyncClient(ep.url, self.protocol)
+        # a first RTT before the first choice; the unrecorded ping before it opens the channel,
+        # whose connection setup is no part of the round trip
+        await asyncio.gather(*(self._ping(ep, record=False) for ep in self.endpoints))
+        await asyncio.gather(*(self._ping(ep) for ep in self.endpoints))
+        self._pinger = asyncio.create_task(self._ping_loop())
+        return self
+
+    async def close(self) -> None:
+        if self._pinger:
+            self._pinger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pinger
+        for ep in self.endpoints:
+            if ep.client is not None:
+                with contextlib.suppress(Exception):
+                    await ep.client.close()
+
+    async def __aenter__(self) -> AsyncRouter:
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _ping(self, ep: Endpoint, record: bool = True) -> None:
+        t0 = time.perf_counter()
+        try:
+            live = await asyncio.wait_for(ep.client.live(), self.policy.ping_timeout_s)
+        except asyncio.TimeoutError:
+            live = False
+        if not record:
+            return
+        if live:
+            ep.observe_rtt(time.perf_counter() - t0)
+        else:
+            ep.ping_failed()
+
+    async def _ping_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.policy.ping_interval_s)
+            await asyncio.gather(*(self._ping(ep) for ep in self.endpoints))
+
+    # -- requests -----------------------------------------------------------------------------
+    async def infer(self, model: str, arrays: dict[str, np.ndarray], **kw) -> dict[str, np.ndarray]:
+        """Outputs of one request; the same keywords as `infer_routed`."""
+        return (await self.infer_routed(model, arrays, **kw)).outputs
+
+    async def infer_routed(self, model: str, arrays: dict[str, np.ndarray], *, priority: int = 0,
+                           timeout_us: int | None = None, outputs: list[str] | None = None,
+                           request_id: str = "", deadline_s: float | None = None) -> Routed:
+        """One request through the router, and where it was answered. `priority` and `timeout_us`
+        (Triton's queue timeout) go to Triton as given; `deadline_s` bounds all attempts together."""
+        if self._pinger is None:
+            raise RuntimeError("the router is not started: use `async with AsyncRouter(...)` or await start()")
+        self.requests += 1
+        deadline = time.monotonic() + (deadline_s if deadline_s is not None else self.policy.deadline_s)
+        kw = {"priority": priority, "timeout_us": timeout_us, "outputs": outputs, "request_id": request_id}
+        try:
+            if self._flight is None:
+                routed = await self._route(model, arrays, kw, deadline)
+            else:
+                routed = await self._coalesced(model, arrays, kw, deadline)
+        except TritonRequestError as e:
+            self.errors[e.kind] = self.errors.get(e.kind, 0) + 1
+            raise
+        self.ok += 1
+        return routed
+
+    async def _coalesced(self, model: str, arrays: dict, kw: dict, deadline: float) -> Routed:
+        key = request_key(model, arrays, kw["priority"], kw["outputs"])
+        try:
+            # the leader's own deadline bounds the shared run; a follower also keeps its own
+            routed, shared = await asyncio.wait_for(
+                self._flight.run(key, lambda: self._route(model, arrays, kw, deadline)),
+                max(0.0, deadline - time.monotonic()) + 0.05)
+        except asyncio.TimeoutError:
+            raise DeadlineExceededError(f"no answer for {model!r} within its deadline (waiting on an identical "
+                                        "request in flight)") from None
+        return replace(routed, coalesced=True) if shared else routed
+
+    def _choose(self, exclude: list[Endpoint]) -> Endpoint | None:
+        candidates = [ep for ep in self.endpoints if ep not in exclude and ep.breaker.available()]
+        if not candidates:
+            return None
+        best = min(candidates, key=lambda ep: (ep.score(), ep.index))
+        if len(candidates) > 1 and self._rng.random() < self.policy.explore:
+            # under heavy load a flat 5% would be a lot of traffic to a slow remote; a fresh
+            # sample every explore_interval_s is all the estimate needs
+            since = time.monotonic() - self.policy.explore_interval_s
+            stale = [ep for ep in candidates if ep is not best and ep.window.newest() <= since]
+            if stale:
+                best = self._rng.choice(stale)
+                best.explored += 1
+        best.breaker.acquire()
+        return best
+
+    def _attempt_timeout(self, ep: Endpoint) -> float:
+        p = self.policy
+        alternatives = any(e is not ep and e.breaker.available() for e in self.endpoints)
+        if not p.attempt_timeout_factor or not ep.measured or not alternatives:
+            return math.inf
+        return max(p.attempt_timeout_floor_s, p.attempt_timeout_factor * ep.score())
+
+    def _hedge_at(self, ep: Endpoint, now: float) -> float:
+        p = self.policy
+        if p.hedge_budget <= 0 or len(self.endpoints) < 2:
+            return math.inf
+        if p.hedge_after_s is not None:
+            return now + p.hedge_after_s
+        return now + ep.score() if ep.measured else math.inf
+
+    async def _send(self, ep: Endpoint, model: str, arrays: dict, kw: dict) -> dict[str, np.ndarray]:
+        ep.sent += 1
+        ep.in_flight += 1
+        t0 = time.perf_counter()
+        try:
+            out = await ep.client.infer(model, arrays, **kw)
+        except TritonRequestError as e:
+            ep.failed_with(e.kind, time.perf_counter() - t0, e.kind not in NOT_RETRYABLE)
+            raise
+        finally:
+            ep.in_flight -= 1
+        ep.succeeded(time.perf_counter() - t0)
+        return out
+
+    async def _route(self, model: str, arrays: dict, kw: dict, deadline: float) -> Routed:
+        self.routed += 1
+        tried: list[Endpoint] = []
+        pending: dict[asyncio.Task, _Attempt] = {}
+        last_error: TritonRequestError | None = None
+        hedge_at = math.inf
+
+        def launch(ep: Endpoint, now: float) -> None:
+            tried.append(ep)
+            task = asyncio.ensure_future(self._send(ep, model, arrays, kw))
+            task.add_done_callback(_retrieve)
+            pending[task] = _Attempt(ep, now, min(deadline, now + self._attempt_timeout(ep)))
+
+        try:
+            while True:
+                now = time.monotonic()
+                if not pending:
+                    if now >= deadline or len(tried) >= self.policy.max_attempts:
+                        break
+                    # untried endpoints first; once all were tried, any but the one that just failed
+                    ep = self._choose(tried) or (self._choose(tried[-1:]) if tried else None)
+                    if ep is None:
+                        break
+                    if tried:
+                        ep.retried_to += 1
+                        self.retries += 1
+                    launch(ep, now)
+                    hedge_at = self._hedge_at(ep, now)
+                wake = min(deadline, hedge_at, *(a.until for a in pending.values()))
+                await asyncio.wait(pending, timeout=max(0.0, wake - time.monotonic()),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                for task in [t for t in pending if t.done()]:
+                    att = pending.pop(task)
+                    error = task.exception()
+                    if error is None:
+                        return Routed(task.result(), att.ep.url, len(tried))
+                    if not isinstance(error, TritonRequestError) or error.kind in NOT_RETRYABLE:
+                        raise error
+                    last_error = error
+                now = time.monotonic()
+                for task, att in list(pending.items()):
+                    if now >= att.until:  # no answer in time: a timeout there, and the rest goes elsewhere
+                        task.cancel()
+                        pending.pop(task)
+                        att.ep.failed_with("deadline", now - att.started, True)
+                        last_error = DeadlineExceededError(f"{att.ep.url} gave no answer within "
+                                                           f"{(att.until - att.started) * 1e3:.0f} ms")
+                if pending and now >= hedge_at:
+                    hedge_at = math.inf
+                    if self.hedges < self.policy.hedge_budget * self.routed and (ep := self._choose(tried)):
+                        ep.hedged += 1
+                        self.hedges += 1
+                        launch(ep, now)
+        finally:
+            for task, att in pending.items():  # hedges that lost the race, or attempts left on an error
+                task.cancel()
+                att.ep.abandoned()
+        if time.monotonic() >= deadline:
+            raise DeadlineExceededError(f"no endpoint answered {model!r} within the deadline "
+                                        f"({len(tried)} attempt(s); last error: {last_error})")
+        if last_error is not None:
+            raise last_error
+        raise NoEndpointError("every endpoint's circuit breaker is open: "
+                              + ", ".join(f"{ep.url} ({ep.breaker.state})" for ep in self.endpoints))
+
+    # -- what it knows ------------------------------------------------------------------------
+    async def metadata(self, model: str) -> ModelMeta:
+        last: TritonRequestError | None = None
+        for ep in sorted(self.endpoints, key=lambda e: not e.breaker.available()):
+            try:
+                return await ep.client.metadata(model)
+            except TritonRequestError as e:
+                last = e
+        raise last
+
+    async def statistics(self, model: str) -> dict:
+        """Triton's statistics of `model` per endpoint (None where it did not answer) and the
+        router's counters, taken together: two snapshots give a window's deltas of both."""
+        async def one(ep: Endpoint) -> dict | None:
+            try:
+                return await asyncio.wait_for(ep.client.statistics(model), self.policy.ping_timeout_s * 2)
+            except (TritonRequestError, asyncio.TimeoutError):
+                return None
+
+        stats = await asyncio.gather(*(one(ep) for ep in self.endpoints))
+        return {"endpoints": {ep.url: s for ep, s in zip(self.endpoints, stats)}, "router": self.counters()}
+
+    def counters(self) -> dict:
+        return {"requests": self.requests, "ok": self.ok, "errors": dict(self.errors), "routed": self.routed,
+                "retries": self.retries, "hedges": self.hedges,
+                "coalesce": self._flight.counters() if self._flight else None,
+                "endpoints": {ep.url: ep.counters() for ep in self.endpoints}}
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    """Mark an attempt's error as seen: hedges that lost may fail after nobody waits for them."""
+    if not task.cancelled():
+        task.exception()
+
+
+class Router:
+    """Blocking router: an AsyncRouter on an event loop in a background thread. Thread-safe; the
+    same keywords as AsyncRouter. Use as a context manager, or call close()."""
+
+    def __init__(self, urls: list[str], policy: RouterPolicy | None = None, *, coalesce: bool = False,
+                 protocol: str = "grpc", seed: int | None = None):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tritonkit-router", daemon=True)
+        self._thread.start()
+        try:
+            self._router: AsyncRouter = self._run(self._open(urls, policy, coalesce, protocol, seed))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @staticmethod
+    async def _open(urls, policy, coalesce, protocol, seed) -> AsyncRouter:
+        return await AsyncRouter(urls, policy, coalesce=coalesce, protocol=protocol, seed=seed).start()
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        return self._router.endpoints
+
+    def infer(self, model: str, arrays: dict[str, np.ndarray], **kw) -> dict[str, np.ndarray]:
+        return self._run(self._router.infer(model, arrays, **kw))
+
+    def infer_routed(self, model: str, arrays: dict[str, np.ndarray], **kw) -> Routed:
+        return self._run(self._router.infer_routed(model, arrays, **kw))
+
+    def metadata(self, model: str) -> ModelMeta:
+        return self._run(self._router.metadata(model))
+
+    def statistics(self, model: str) -> dict:
+        return self._run(self._router.statistics(model))
+
+    def counters(self) -> dict:
+        return self._run(_call(self._router.counters))
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self._router.close())
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> Router:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+async def _call(fn):
+    return fn()  # run a plain method on the router's loop, so it reads a consistent state
