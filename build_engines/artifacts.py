@@ -15,8 +15,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from tritonkit.errors import Problem
-from tritonkit.spec import ModelSpec, Spec
+from tritonkit.errors import InputError, Problem
+from tritonkit.spec import ModelSpec, Spec, parse_spec
 
 from .gpu import Target
 from .load import sha256_file
@@ -96,6 +96,20 @@ def prepared_spec(spec: Spec, out: Path) -> Spec:
         if (record and prepared.is_file() and source.is_file() and record.get("batched") == (m.max_batch_size > 0)
                 and record.get("source", {}).get("sha256") == source_sha(source)):
             spec = spec.with_model(m.model_copy(update={"onnx": prepared.resolve()}))
+    return spec
+
+
+def load_served_spec(spec_path: Path, repo: Path) -> Spec:
+    """The spec as `repo` serves it: parsed, with the graphs `tritonkit build` prepared swapped in,
+    then every rule checked. `configs` generates from the prepared graph, so whatever loads the
+    spec to serve, measure or validate the same repository must check that graph too, or a batch-1
+    export that `build` made dynamic would be refused after the fact."""
+    from tritonkit.configs.rules import spec_problems
+
+    spec = prepared_spec(parse_spec(spec_path), Path(repo))
+    problems = spec_problems(spec)
+    if problems:
+        raise InputError(problems)
     return spec
 
 

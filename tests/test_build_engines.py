@@ -5,6 +5,9 @@ path is covered by the gpu-marked tests at the end (skipped without a GPU and Te
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -139,6 +142,65 @@ def test_inspect_reports_io_dynamic_dims_and_op_counts(tmp_path):
     assert "batch axis fixed at 1" in res.stdout and "Reshape 2" in res.stdout
     assert "input  ids: INT64 ['batch', 'seq']  dynamic dims [0, 1]" in res.stdout
     assert "Mul 1" in res.stdout
+
+
+# ---- serving what was prepared ------------------------------------------------------------------
+
+def test_after_build_a_batch_1_export_validates_and_generates_from_the_prepared_graph(tmp_path):
+    static_reshape(tmp_path / "static.onnx")
+    spec = write_spec(tmp_path, {"models": [{"name": "st", "onnx": "static.onnx", "max_batch_size": 8,
+                                             "batching": {"preferred_batch_sizes": [4]}}]})
+    repo = tmp_path / "repo"
+    # Before the build the fixed batch is refused, with the way out.
+    assert_input_error(tritonkit("validate", "--spec", str(spec), "--repo", str(repo)),
+                       "models[0].max_batch_size", "fixed first dim 1", "run `tritonkit build` first")
+    assert tritonkit("build", "--spec", str(spec), "--out", str(repo)).returncode == 0
+
+    res = tritonkit("validate", "--spec", str(spec), "--repo", str(repo))
+    assert res.returncode == 0 and "ok (1 model(s): st)" in res.stdout, res.stderr
+    res = tritonkit("configs", "--spec", str(spec), "--out", str(repo))
+    assert res.returncode == 0, res.stderr
+    assert parse((repo / "st/config.pbtxt").read_text()).max_batch_size == 8
+    # serve, loadtest and sweep load the spec through the same function before starting Triton.
+    served = artifacts.load_served_spec(spec, repo)
+    assert served.onnx_path(served.models[0]) == (repo / "st/build/model.onnx").resolve()
+
+    # A re-exported source is not what was prepared: refused again until it is rebuilt.
+    model = onnx.load(tmp_path / "static.onnx")
+    model.doc_string = "re-exported"
+    onnx.save(model, tmp_path / "static.onnx")
+    assert_input_error(tritonkit("validate", "--spec", str(spec), "--repo", str(repo)), "fixed first dim 1")
+
+
+@pytest.mark.server
+@pytest.mark.timeout(240)  # readline below blocks; a serve that hangs fails here, not at the suite's limit
+def test_serve_after_build_answers_a_batch_the_export_could_not_take(tmp_path):
+    static_reshape(tmp_path / "static.onnx")
+    spec = write_spec(tmp_path, {"models": [{"name": "st", "onnx": "static.onnx", "max_batch_size": 8,
+                                             "batching": {"preferred_batch_sizes": [4]}}],
+                                 "server": {"http_port": 0, "grpc_port": 0, "metrics_port": 0}})
+    repo, state = tmp_path / "repo", tmp_path / "state"
+    assert tritonkit("build", "--spec", str(spec), "--out", str(repo)).returncode == 0
+    exe = Path(sys.executable).parent / "tritonkit"
+    proc = subprocess.Popen([str(exe), "serve", "--spec", str(spec), "--repo", str(repo), "--state-dir", str(state)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = ""
+        while "Ctrl-C stops the server" not in seen:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                pytest.fail(f"serve exited {proc.returncode}:\n{seen}\n{proc.stderr.read()}")
+            seen += line
+        res = tritonkit("infer", "--model", "st", "--batch", "4", "--state-dir", str(state), timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert "output y: [4, 3, 5] float32" in res.stdout  # the export took batch 1 only
+    finally:
+        proc.send_signal(signal.SIGTERM)  # serve stops its tritonserver on SIGTERM
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 # ---- profile planning ---------------------------------------------------------------------------

@@ -365,19 +365,34 @@ def test_tuner_sidecar(case):
     if name not in ("tuner", "everything"):
         assert names == ["triton"]
         return
-    assert names == ["triton", "tuner"]
-    tuner = container(triton(docs), "tuner")
-    assert tuner["command"] == ["tritonkit"]
-    assert tuner["args"][:2] == ["tune", "--online"]
-    assert tuner["args"][tuner["args"].index("--spec") + 1] == "/etc/tritonkit/deploy.yaml"
-    assert [tuner["args"][i + 1] for i, a in enumerate(tuner["args"]) if a == "--model"] == ["mlp", "seq_mean"]
-    env = {e["name"]: e for e in tuner["env"]}
-    assert "secretKeyRef" in env["TRITONKIT_API_KEY"]["valueFrom"]
+    # The tuner takes one --model per process: one container per model, named as a DNS label.
+    assert names == ["triton", "tuner-mlp", "tuner-seq-mean"]
+    for model in ("mlp", "seq_mean"):
+        tuner = container(triton(docs), f"tuner-{model.replace('_', '-')}")
+        assert tuner["command"] == ["tritonkit"]
+        # Triton's gRPC and metrics over loopback, at the ports the server container listens on (9001, 9002).
+        assert tuner["args"] == ["tune", "--online", "--spec", "/etc/tritonkit/deploy.yaml", "--model", model,
+                                 "--url", "127.0.0.1:9001", "--metrics-url", "http://127.0.0.1:9002/metrics",
+                                 "--repo", "/models"]
+        env = {e["name"]: e for e in tuner["env"]}
+        assert "secretKeyRef" in env["TRITONKIT_API_KEY"]["valueFrom"]
+        mounts = {m["mountPath"] for m in tuner["volumeMounts"]}
+        assert {"/models", "/etc/tritonkit", "/models/mlp/1"} <= mounts
     shipped = yaml.safe_load(one(docs, "ConfigMap", "edge-triton-edge-model-configs")["data"]["deploy.yaml"])
     assert [m["name"] for m in shipped["models"]] == ["mlp", "seq_mean"]
     assert "deploy" not in shipped  # the deploy block may carry credentials (deploy.values)
-    mounts = {m["mountPath"] for m in tuner["volumeMounts"]}
-    assert {"/models", "/etc/tritonkit", "/models/mlp/1"} <= mounts
+
+
+def test_tuner_models_and_extra_args(kit):
+    values = merged(case_values(kit, "tuner"), {"tuner": {"models": ["seq_mean"], "extraArgs": ["--dry-run"]}})
+    pod = triton(render(values))["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["triton", "tuner-seq-mean"]
+    assert pod["containers"][1]["args"][-1] == "--dry-run"
+    # Empty tuner.models and models: every model in the repository gets its tuner.
+    values = merged(case_values(kit, "tuner"), {"tuner": {"models": []}})
+    values["models"] = []
+    pod = triton(render(values))["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["triton", "tuner-mlp", "tuner-seq-mean"]
 
 
 def test_locust(case):
@@ -425,6 +440,11 @@ def test_service_monitor(kit):
     ({"engines": {"fetch": {"sha256": "abc"}}}, "sha256"),
     ({"tuner": {"enabled": True}, "modelRepository": {"spec": ""}}, "modelRepository.spec"),
     ({"models": ["nope"]}, "nope"),
+    ({"tuner": {"enabled": True, "models": ["nope"]}, "modelRepository": {"spec": "models: []"}},
+     'tuner.models lists "nope"'),
+    ({"tuner": {"enabled": True, "models": ["seq_mean", "Seq.mean"]},
+      "modelRepository": {"spec": "models: []", "configs": {"Seq.mean": 'name: "Seq.mean"'}}},
+     "both map to the container name"),
 ])
 def test_chart_refuses_bad_values(kit, values, says):
     with pytest.raises((helm.HelmValuesError, helm.HelmRenderError), match=re.escape(says)):
@@ -557,7 +577,7 @@ def test_deploy_block_drives_the_values(workdir):
     triton_c = container(t, "triton")
     assert triton_c["image"].endswith("-py3-igpu")
     assert triton_c["resources"]["limits"]["memory"] == "6Gi"  # deploy.values merged last
-    assert container(t, "tuner")["image"] == "registry.local:5000/tritonkit:0.2"
+    assert {container(t, f"tuner-{m}")["image"] for m in ("mlp", "seq-mean")} == {"registry.local:5000/tritonkit:0.2"}
     hpa = one(docs, "HorizontalPodAutoscaler")
     assert hpa["spec"]["maxReplicas"] == 2 and hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "3000"
     fetch = next(c for c in pod["initContainers"] if c["name"] == "fetch-engines")
@@ -566,18 +586,21 @@ def test_deploy_block_drives_the_values(workdir):
     assert {e["name"]: e.get("value") for e in locust["env"]}["TRITONKIT_MODEL"] == "seq_mean"
 
 
-@pytest.mark.parametrize("deploy_block, where", [
-    ({"platform": "arm"}, "deploy.platform"),
-    ({"replica": 2}, "deploy.replica: unknown key"),
-    ({"locust": {"enabled": True, "model": "nope"}}, "deploy.locust.model"),
-    ({"engines": {"source": "fetch"}}, "deploy.engines.url"),
-    ({"values": {"bogus": 1}}, "bogus"),
+@pytest.mark.parametrize("deploy_block, where, untouched", [
+    ({"platform": "arm"}, "deploy.platform", True),
+    ({"replica": 2}, "deploy.replica: unknown key", True),
+    ({"locust": {"enabled": True, "model": "nope"}}, "deploy.locust.model", True),
+    ({"engines": {"source": "fetch"}}, "deploy.engines.url", True),
+    # Only Helm knows its schema, and it needs the generated configs: those are complete, nothing else is.
+    ({"values": {"bogus": 1}}, "bogus", False),
 ])
-def test_bad_deploy_block_is_bad_input(workdir, deploy_block, where):
+def test_bad_deploy_block_is_bad_input(workdir, deploy_block, where, untouched):
     write_spec(workdir, {**SPEC, "deploy": deploy_block})
     p = tritonkit("deploy", "--dry-run", "--out", "o", cwd=workdir)
     assert p.returncode == 2, p.stdout + p.stderr
     assert where in p.stderr and "deploy.yaml" in p.stderr and "Traceback" not in p.stderr
+    assert not (workdir / "o").exists()
+    assert (workdir / "model_repository").exists() != untouched  # the deploy block is checked before any work
 
 
 def _no_cluster_env(home: Path) -> dict:

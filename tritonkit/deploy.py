@@ -7,7 +7,6 @@ ConfigMap in the cluster), render and check the manifests, then `helm upgrade --
 
 from __future__ import annotations
 
-import importlib
 import importlib.resources
 import re
 from collections.abc import Callable
@@ -18,7 +17,7 @@ import yaml
 
 from tritonkit import helm_chart
 from tritonkit.errors import InputError, KitError, Problem
-from tritonkit.spec import Spec, load_spec
+from tritonkit.spec import Spec, parse_spec
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}  # the spec's 0 (a free port) means nothing in a pod
 
@@ -32,21 +31,18 @@ class DeployResult:
 
 
 def build_engines(spec_path: Path, repo: Path, log: Callable[[str], None]) -> None:
-    """TensorRT engines where a GPU is; the build itself belongs to tritonkit.build_engines."""
-    from tritonkit.configs.generate import gpu_present
+    """TensorRT engines where a GPU is (issue 6: deploy builds engines, it does not replace
+    `tritonkit build`); without one, a graph `tritonkit build` prepared earlier is still what the
+    configs serve, through prepared_spec."""
+    from tritonkit.build_engines.build import build, table
+    from tritonkit.build_engines.gpu import target
 
-    if not gpu_present():
-        log("engines: skipped, no NVIDIA GPU with TensorRT here (models without an engine serve their ONNX "
-            "through onnxruntime)")
+    # build_engines' own test (driver + TensorRT >= 10), not a device-node check: Jetson has no /dev/nvidia0.
+    why = target().reason
+    if why:
+        log(f"engines: skipped, {why} (models without an engine serve their ONNX through onnxruntime)")
         return
-    try:
-        mod = importlib.import_module("tritonkit.build_engines.build")
-    except ImportError:
-        log("engines: skipped, this version of the kit has no tritonkit.build_engines")
-        return
-    results = mod.build(spec_path, repo, target_kind="ngc", log=log)
-    if hasattr(mod, "table"):
-        log(mod.table(results))
+    log(table(build(spec_path, repo, target_kind="ngc", log=log)))
 
 
 def locustfile_text() -> str:
@@ -83,10 +79,9 @@ def _spec_for_tuner(spec: Spec) -> str:
     return yaml.safe_dump(raw, sort_keys=False)
 
 
-def chart_values(spec: Spec, repo: Path) -> dict:
-    """The chart values for this spec. Reads the generated config.pbtxt files from `repo`."""
+def deploy_problems(spec: Spec) -> list[Problem]:
+    """The deploy block's cross-field rules, checked before anything is built or written."""
     d = spec.data.deploy
-    s = spec.server
     names = [m.name for m in spec.models]
     problems = []
     kit_image = _image(d.kit_image) if d.kit_image else {}
@@ -102,9 +97,18 @@ def chart_values(spec: Spec, repo: Path) -> dict:
     if d.autoscaling.max_replicas < d.autoscaling.min_replicas:
         problems.append(Problem(spec.shown, "deploy.autoscaling.max_replicas", "is below min_replicas",
                                 "raise it to at least min_replicas"))
+    return problems
+
+
+def chart_values(spec: Spec, repo: Path) -> dict:
+    """The chart values for this spec. Reads the generated config.pbtxt files from `repo`."""
+    problems = deploy_problems(spec)
     if problems:
         raise InputError(problems)
-
+    d = spec.data.deploy
+    s = spec.server
+    names = [m.name for m in spec.models]
+    kit_image = _image(d.kit_image) if d.kit_image else {}
     ports = {k: getattr(s, f"{k}_port") or v for k, v in DEFAULT_PORTS.items()}
     engines: dict = {"source": d.engines.source}
     if d.engines.source == "hostPath":
@@ -168,8 +172,14 @@ def deploy(spec_path: Path, repo: Path, *, dry_run: bool = False, out: Path | No
            chart: Path | None = None, kubeconfig: Path | None = None, kube_context: str | None = None,
            wait: bool = False, timeout_s: int = 600, log: Callable[[str], None] = print) -> DeployResult:
     from tritonkit.configs.generate import generate
+    from tritonkit.configs.rules import spec_problems
 
-    spec = load_spec(spec_path)
+    spec = parse_spec(spec_path)
+    # Everything that can be checked without the ONNX graphs, before engines or configs are
+    # written. The graphs are checked by generate(), after the build, against what it prepared.
+    problems = spec_problems(spec, check_onnx=False) + deploy_problems(spec)
+    if problems:
+        raise InputError(problems)
     d = spec.data.deploy
     if chart is not None and not (Path(chart) / "Chart.yaml").is_file():
         raise InputError([Problem("command line", "--chart", f"{chart} is not a Helm chart (no Chart.yaml)",

@@ -113,6 +113,18 @@ py3
 {{- keys .Values.modelRepository.configs | sortAlpha | join "," -}}
 {{- end -}}
 
+{{/* Models the tuner sidecars watch: tuner.models, else models, else every configured model. */}}
+{{- define "triton-edge.tunerModels" -}}
+{{- $models := .Values.tuner.models | default .Values.models -}}
+{{- if not $models }}{{ $models = keys .Values.modelRepository.configs | sortAlpha }}{{ end -}}
+{{- join "," $models -}}
+{{- end -}}
+
+{{/* A tuner container's name: model names may hold `_`, `.` and capitals, container names are DNS labels. */}}
+{{- define "triton-edge.tunerContainer" -}}
+{{- printf "tuner-%s" (. | lower | replace "_" "-" | replace "." "-") | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{/* The tuner rewrites config.pbtxt in place, so with a tuner the repository is a writable copy. */}}
 {{- define "triton-edge.writableRepository" -}}
 {{- if .Values.tuner.enabled -}}true{{- end -}}
@@ -133,6 +145,19 @@ py3
 {{- end -}}
 {{- if and .Values.tuner.enabled (not .Values.modelRepository.spec) -}}
 {{- fail "tuner.enabled needs modelRepository.spec (the deploy.yaml text; `tritonkit deploy` sets it)" -}}
+{{- end -}}
+{{- if .Values.tuner.enabled -}}
+{{- $seen := dict -}}
+{{- range splitList "," (include "triton-edge.tunerModels" .) -}}
+{{- if not (hasKey $.Values.modelRepository.configs .) -}}
+{{- fail (printf "tuner.models lists %q, which has no entry in modelRepository.configs" .) -}}
+{{- end -}}
+{{- $c := include "triton-edge.tunerContainer" . -}}
+{{- if hasKey $seen $c -}}
+{{- fail (printf "tuner: models %q and %q both map to the container name %q; rename one, or list one in tuner.models" (get $seen $c) . $c) -}}
+{{- end -}}
+{{- $_ := set $seen $c . -}}
+{{- end -}}
 {{- end -}}
 {{- if and .Values.locust.enabled (not (include "triton-edge.locustModel" .)) -}}
 {{- fail "locust.enabled needs locust.model or at least one model in modelRepository.configs" -}}
