@@ -7,7 +7,7 @@ REPO   ?= model_repository
 STAMP  := $(VENV)/.installed-stamp
 SAMPLE := models/edge_mlp.onnx
 
-.PHONY: help setup demo test configs serve infer sample-model validate lint clean loadtest sweep loadtest-ui bench deploy engines gpu-check
+.PHONY: help setup demo test configs serve infer sample-model validate lint clean loadtest sweep loadtest-ui bench tune deploy engines gpu-check
 
 help:
 	@echo "make demo      the whole loop on this machine (real tritonserver on the CPU)"
@@ -19,7 +19,8 @@ help:
 	@echo "make loadtest  measure MODEL at RATE req/s (exact percentiles, server breakdown) into out/loadtest"
 	@echo "make loadtest-ui  Locust web UI on :8089 against the served model (MODEL=edge_mlp; make serve first)"
 	@echo "make sweep     batch-size sweep of MODEL at RATE req/s: CSV, JSON, plots, report in out/sweep"
-	@echo "make bench     benchmarks as ratios: load generators (Locust HTTP vs asyncio gRPC) into out/bench"
+	@echo "make bench     benchmarks as ratios: load generators (Locust vs asyncio), tuner vs grid, into out/bench"
+	@echo "make tune      tune MODEL's config from measured P95 (trials, report, tuned.yaml) into out/tune"
 	@echo "make deploy    build engines (GPU), generate configs, helm upgrade --install into the current kube context"
 	@echo "              (DRY_RUN=1: only render and check the manifests, into out/deploy)"
 	@echo "make engines   prepare, verify and plan each model; TensorRT engines where a GPU is present"
@@ -68,8 +69,13 @@ loadtest: $(STAMP) $(SAMPLE)
 sweep: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit sweep --spec $(SPEC) --repo $(REPO) --model $(MODEL) --rate $(RATE) --duration $(DURATION)
 
-bench: $(STAMP)
+# The tuner's bench runs an exhaustive grid as well: about half an hour on 2 cores.
+bench: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit bench generators --out out/bench
+	$(BIN)/tritonkit bench tuner --spec $(SPEC) --model $(MODEL) --out out/bench
+
+tune: $(STAMP) $(SAMPLE)
+	$(BIN)/tritonkit tune --spec $(SPEC) --repo $(REPO) --model $(MODEL) --out out/tune
 
 LOCUST_HOST ?= http://127.0.0.1:8000
 loadtest-ui: $(STAMP)
@@ -89,4 +95,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(REPO)/*/ .tritonkit models out
+	rm -rf $(REPO)/*/ .tritonkit models out tuned.yaml

@@ -10,6 +10,7 @@ What a load is (classes, arrival, shape, window) is defined in `load.py`, shared
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 
@@ -21,16 +22,29 @@ from tritonkit.loadtests.load import Load, Outcome, RequestClass, Sample
 
 
 async def run_load(url: str, model: str, load: Load, classes: list[RequestClass] | None = None, *,
-                   protocol: str = "grpc", seed: int = 0) -> Outcome:
-    """Send `load` to `model` at `url`; the steady window's samples and Triton's statistics around it."""
+                   protocol: str = "grpc", seed: int = 0, target=None, duplicates: float | None = None) -> Outcome:
+    """Send `load` to `model` at `url`; the steady window's samples and Triton's statistics around it.
+
+    `target`: an open client-like object to send through instead (an AsyncRouter: its samples then
+    name the endpoint that answered). `duplicates`: None sends one fixed payload per class; a share
+    d in [0, 1) repeats the class's latest payload and the other requests carry fresh random inputs.
+    """
     classes = classes or [RequestClass()]
     rng = random.Random(seed)
     out = Outcome()
     proc = psutil.Process()
     cpu0 = sum(proc.cpu_times()[:2])
-    async with AsyncClient(url, protocol) as client:
+    async with contextlib.nullcontext(target) if target is not None else AsyncClient(url, protocol) as client:
         meta = await client.metadata(model)
         payloads = {c.name: meta.random_inputs(c.batch, np.random.default_rng(seed)) for c in classes}
+        data_rng = np.random.default_rng(seed + 1)
+        send = getattr(client, "infer_routed", client.infer)  # a router also says where it was answered
+
+        def payload(cls: RequestClass) -> dict:
+            if duplicates is not None and rng.random() >= duplicates:
+                payloads[cls.name] = meta.random_inputs(cls.batch, data_rng)
+            return payloads[cls.name]
+
         start = time.perf_counter()
         window = (start + load.warmup_s, start + load.warmup_s + load.duration_s)
 
@@ -41,10 +55,12 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
         opener = asyncio.create_task(open_window())
 
         async def one(cls: RequestClass, scheduled: float) -> None:
+            arrays = payload(cls)
             sent = time.perf_counter()
             try:
-                await client.infer(model, payloads[cls.name], priority=cls.priority, timeout_us=cls.timeout_us)
-                sample = Sample(cls.name, scheduled, sent, time.perf_counter() - sent)
+                r = await send(model, arrays, priority=cls.priority, timeout_us=cls.timeout_us)
+                sample = Sample(cls.name, scheduled, sent, time.perf_counter() - sent,
+                                endpoint=getattr(r, "endpoint", None))
             except TritonRequestError as e:
                 sample = Sample(cls.name, scheduled, sent, None, e.kind)
                 out.error_examples.setdefault(e.kind, str(e)[:200])

@@ -27,6 +27,7 @@ SHAPES: dict[str, Callable[[float], float]] = {
     "step": lambda p: (min(int(p * 4), 3) + 1) / 4,  # 25%, 50%, 75%, 100%, a quarter of the window each
     "ramp": lambda p: 0.1 + 0.9 * p,  # 10% up to 100%
     "spike": lambda p: 1.0 if 0.4 <= p < 0.6 else 0.3,  # 30%, with the middle fifth at 100%
+    "updown": lambda p: 1.0 if int(p * 4) % 2 else 0.2,  # 20%, 100%, 20%, 100%: steps both ways
 }
 
 
@@ -131,6 +132,7 @@ class Sample:
     sent: float
     latency_s: float | None  # None when the request failed
     kind: str | None = None  # error kind when it failed
+    endpoint: str | None = None  # through a router: the endpoint that answered
 
 
 @dataclass

@@ -146,6 +146,10 @@ def format_result(result: dict) -> str:
         lines.append(f"server per request: queue {srv['queue_ms']:.2f} ms, input {srv['compute_input_ms']:.2f} ms, "
                      f"infer {srv['compute_infer_ms']:.2f} ms, output {srv['compute_output_ms']:.2f} ms; "
                      f"mean batch {srv['mean_batch']:.1f}; client overhead {result['client_overhead_ms']:.2f} ms")
+    if result.get("router"):
+        from tritonkit.loadtests.routed import format_router
+
+        lines.extend(format_router(result["router"]))
     if result["generator"]["warning"]:
         lines.append("WARNING: " + result["generator"]["warning"])
     return "\n".join(lines)

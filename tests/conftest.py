@@ -78,6 +78,15 @@ SERVED_SPEC = {
             "batching": {"preferred_batch_sizes": [4], "max_queue_delay_us": 1000, "priority_levels": 2,
                          "default_priority": 2, "default_queue_policy": {"max_queue_size": 24}},
         },
+        {
+            # the online tuner's: a 20 ms queue delay misses a 15 ms SLO at light load
+            "name": "online",
+            "onnx": "onnx/mlp_big.onnx",
+            "max_batch_size": 16,
+            "instances": {"count": 2},
+            "batching": {"preferred_batch_sizes": [16], "max_queue_delay_us": 20000},
+            "slo": {"p95_ms": 15},
+        },
     ],
     "server": {"http_port": 0, "grpc_port": 0, "metrics_port": 0},
 }

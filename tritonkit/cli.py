@@ -21,9 +21,9 @@ def say(msg: str) -> None:
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
-    from tritonkit.spec import load_spec
+    from tritonkit.build_engines.artifacts import load_served_spec
 
-    spec = load_spec(a.spec)
+    spec = load_served_spec(a.spec, a.repo)
     say(f"{a.spec}: ok ({len(spec.models)} model(s): {', '.join(m.name for m in spec.models)})")
     return 0
 
@@ -67,11 +67,11 @@ def _port_overrides(a: argparse.Namespace) -> dict[str, int]:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
+    from tritonkit.build_engines.artifacts import load_served_spec
     from tritonkit.configs.generate import generate
     from tritonkit.serving import running
-    from tritonkit.spec import load_spec
 
-    spec = load_spec(a.spec)
+    spec = load_served_spec(a.spec, a.repo)
     generate(a.spec, a.repo)
     stop = {"signal": None}
 
@@ -187,11 +187,11 @@ def _bad_arg(flag: str, fix: str):
 
 def _served(a: argparse.Namespace):
     """Generate the spec's configs and start a local server (free ports) with the model to measure."""
+    from tritonkit.build_engines.artifacts import load_served_spec
     from tritonkit.configs.generate import generate
     from tritonkit.serving import running
-    from tritonkit.spec import load_spec
 
-    spec = load_spec(a.spec)
+    spec = load_served_spec(a.spec, a.repo)
     spec.model(a.model)  # an unknown model is an InputError listing the known ones
     generate(a.spec, a.repo)
     ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
@@ -199,12 +199,18 @@ def _served(a: argparse.Namespace):
 
 
 def cmd_loadtest(a: argparse.Namespace) -> int:
+    from tritonkit.build_engines.artifacts import load_served_spec
     from tritonkit.loadtests.results import format_result, measure_by, write_result
-    from tritonkit.spec import load_spec
 
     load, classes = _load_args(a), _classes(a)
+    if a.router:
+        return _loadtest_router(a, load, classes)
+    if a.coalesce or a.duplicates is not None:
+        raise InputError([_bad_arg("--coalesce/--duplicates", "they shape traffic through a router: "
+                                                              "add --router HOST:PORT,HOST:PORT")])
+    a.engine = a.engine or "locust"
     if a.url:  # a server that is already running; the spec only describes the model's inputs
-        model_spec = load_spec(a.spec).model(a.model)
+        model_spec = load_served_spec(a.spec, a.repo).model(a.model)
         result = measure_by(a.engine, model_spec, load, classes, url=a.url, metrics=a.metrics_url, log_dir=a.out)
     else:
         spec, ctx = _served(a)
@@ -216,6 +222,62 @@ def cmd_loadtest(a: argparse.Namespace) -> int:
     say(format_result(result))
     js, cs = write_result(result, a.out)
     say(f"wrote {js} and {cs}")
+    return 0
+
+
+def _router_policy(a: argparse.Namespace):
+    """The router flags shared by `loadtest --router` and `route`, checked with the flag named."""
+    from tritonkit.clients.router import RouterPolicy
+
+    if a.deadline_ms <= 0:
+        raise InputError([_bad_arg(f"--deadline-ms {a.deadline_ms:g}", "give a deadline above 0 ms, e.g. 2000")])
+    if not 0 <= a.hedge <= 1:
+        raise InputError([_bad_arg(f"--hedge {a.hedge:g}", "give a share within 0..1, e.g. 0.05 for at most "
+                                                           "5% extra requests (0: no hedging)")])
+    if a.duplicates is not None and not 0 <= a.duplicates < 1:
+        raise InputError([_bad_arg(f"--duplicates {a.duplicates:g}", "give a share within 0..1 (below 1), "
+                                                                     "e.g. 0.5 for half repeated payloads")])
+    return RouterPolicy(deadline_s=a.deadline_ms / 1e3, hedge_budget=a.hedge)
+
+
+def _loadtest_router(a: argparse.Namespace, load, classes) -> int:
+    """`loadtest --router`: the asyncio generator through a router over servers already running."""
+    from tritonkit.clients.router import parse_urls
+    from tritonkit.loadtests.results import format_result, write_result
+    from tritonkit.loadtests.routed import measure_router
+
+    if a.engine == "locust":
+        raise InputError([_bad_arg("--engine locust", "--router sends with the asyncio engine: drop --engine "
+                                                      "or pass --engine asyncio")])
+    if a.url:
+        raise InputError([_bad_arg("--url", "give either --url (one server) or --router (several), not both")])
+    urls, policy = parse_urls(a.router, "--router"), _router_policy(a)
+    result = measure_router(urls, a.model, load, classes, policy=policy, coalesce=a.coalesce,
+                            duplicates=a.duplicates)
+    say(format_result(result))
+    js, cs = write_result(result, a.out)
+    say(f"wrote {js} and {cs}")
+    return 0
+
+
+def cmd_route(a: argparse.Namespace) -> int:
+    from tritonkit.clients.router import parse_urls
+    from tritonkit.loadtests.routed import format_router, route_requests
+
+    urls, policy = parse_urls(a.endpoints, "--endpoints"), _router_policy(a)
+    if a.requests < 1 or a.concurrency < 1:
+        raise InputError([_bad_arg("--requests/--concurrency", "give at least 1 request and 1 concurrent sender")])
+    section = route_requests(urls, a.model, a.requests, concurrency=a.concurrency, policy=policy,
+                             coalesce=a.coalesce, duplicates=a.duplicates, priority=a.priority,
+                             timeout_us=a.timeout_us, seed=a.seed)
+    say("\n".join(format_router(section)))
+    if a.json:
+        import json
+
+        from tritonkit.files import write_bytes_atomic
+
+        write_bytes_atomic(a.json, json.dumps(section, indent=2).encode())
+        say(f"wrote {a.json}")
     return 0
 
 
@@ -232,12 +294,47 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(a: argparse.Namespace) -> int:
+    if a.online:
+        from tritonkit.server import read_state
+        from tritonkit.tuner.online import OnlineSettings, run_online
+
+        # The server `tritonkit serve` started from here, unless --url names another one.
+        local = read_state(a.state_dir)
+        url = a.url or (local.grpc if local else "127.0.0.1:8001")
+        headers = local.key_headers if local and local.grpc == url else None
+        settings = OnlineSettings(interval_s=a.interval, cooldown_s=a.cooldown, dry_run=a.dry_run)
+        run_online(a.spec, a.model, url, settings, repo=a.repo, p95_ms=a.p95_ms, duration_s=a.duration,
+                   out_dir=a.out, key_headers=headers, log=say)
+        return 0
+    from tritonkit.tuner.run import tune_offline
+
+    result = tune_offline(a.spec, a.model, a.repo or DEFAULT_REPO, a.state_dir, a.out, p95_ms=a.p95_ms, rps=a.rps,
+                          max_trials=a.max_trials, max_error_ratio=a.max_errors, max_batch=a.max_batch, log=say)
+    t = result.tuning
+    say(f"\nbefore: {t.baseline.knobs.label()}  ->  after: {t.best.knobs.label()}")
+    for name in ("report.md", "trials.json", "tuned.yaml"):
+        if name in result.files:
+            say(f"wrote {result.files[name]}")
+    if not t.confirmed:
+        say("no config met the SLO on a second measurement: nothing was changed (see the report)")
+        return 1
+    return 0
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     if a.what == "generators":
         from tritonkit.loadtests.bench import run_bench
 
         run_bench(a.out, seconds=a.seconds, users=a.users, rate=a.rate, log=say)
         say(f"wrote {a.out / 'bench.json'}")
+    elif a.what == "tuner":
+        from tritonkit.spec import parse_spec
+        from tritonkit.tuner.bench import run_tuner_bench
+
+        model = a.model or parse_spec(a.spec).models[0].name
+        run_tuner_bench(a.spec, model, a.repo, a.state_dir, a.out, max_trials=a.max_trials, log=say)
+        say(f"wrote {a.out / 'bench_tuner.json'}")
     return 0
 
 
@@ -250,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("validate", help="check deploy.yaml and the ONNX files it names")
     spec_arg(sp)
+    sp.add_argument("--repo", type=Path, default=DEFAULT_REPO,
+                    help="repository `tritonkit build` wrote: its prepared graphs are checked instead of the originals")
     sp.set_defaults(func=cmd_validate)
 
     sp = sub.add_parser("sample-model", help="write the sample ONNX model (an MLP; no downloads)")
@@ -312,21 +411,68 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--users", type=int, help="closed loop: concurrent clients")
         sp.add_argument("--duration", type=float, default=10.0, help="steady window, seconds")
         sp.add_argument("--warmup", type=float, default=2.0, help="warm-up, seconds (not counted)")
-        sp.add_argument("--shape", choices=["constant", "step", "ramp", "spike"], default="constant",
+        sp.add_argument("--shape", choices=["constant", "step", "ramp", "spike", "updown"], default="constant",
                         help="how the rate (or the users) moves over the steady window")
         sp.add_argument("--class", dest="request_class", action="append", metavar="NAME:WEIGHT:PRIO[:TIMEOUT_US]",
                         help="a request class (repeatable), e.g. interactive:1:1:50000 and bulk:3:2")
         sp.add_argument("--out", type=Path, default=Path(out))
 
+    def router_args(sp):
+        sp.add_argument("--deadline-ms", type=float, default=2000.0,
+                        help="per-request deadline across all attempts (default: %(default)g)")
+        sp.add_argument("--hedge", type=float, default=0.0, metavar="SHARE",
+                        help="hedge slow requests on a second endpoint, at most this share of extra requests "
+                             "(e.g. 0.05; default 0: off)")
+        sp.add_argument("--coalesce", action="store_true",
+                        help="identical requests in flight share one inference")
+        sp.add_argument("--duplicates", type=float, default=None, metavar="SHARE",
+                        help="send this share of requests as repeats of the latest payload (e.g. 0.5); "
+                             "the others carry fresh random inputs")
+
     sp = sub.add_parser("loadtest", help="measure a model under load (Locust headless): exact percentiles, "
                                          "server breakdown, generator health")
     load_args(sp, "out/loadtest")
-    sp.add_argument("--engine", choices=["locust", "asyncio"], default="locust",
-                    help="locust: tritonclient HTTP users (default); asyncio: the lighter gRPC generator")
+    sp.add_argument("--engine", choices=["locust", "asyncio"], default=None,
+                    help="locust: tritonclient HTTP users (default); asyncio: the lighter gRPC generator "
+                         "(the only one with --router)")
     sp.add_argument("--url", help="HOST:PORT of a running server (HTTP for locust, gRPC for asyncio); "
                                   "default: start one from the spec")
     sp.add_argument("--metrics-url", help="with --url: Triton's metrics URL, for its summary quantiles")
+    sp.add_argument("--router", metavar="HOST:PORT,HOST:PORT",
+                    help="send through the router over these running servers' gRPC endpoints (edge first) with "
+                         "the asyncio engine; the result gains each endpoint's share and latency")
+    router_args(sp)
     sp.set_defaults(func=cmd_loadtest)
+
+    sp = sub.add_parser(
+        "route", help="send requests through the edge/remote router and print where they went",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Route requests over two or more running Triton servers (gRPC), the edge\n"
+                    "(local) one first.\n\n"
+                    "Each request goes where P95(service time) + network round trip is lowest: service\n"
+                    "times come from the router's own recent requests, round trips from health pings.\n"
+                    "On an error, or no answer within 5x an endpoint's expected latency, it is retried\n"
+                    "on the next best endpoint inside its deadline (--deadline-ms). --hedge sends a\n"
+                    "second copy of a slow request within a budget of extra requests. A circuit breaker\n"
+                    "takes out an endpoint after 5 consecutive failures and probes it back after 2 s;\n"
+                    "5% of requests (at most 5/s per endpoint) explore another endpoint, so one that\n"
+                    "recovered is measured again.\n"
+                    "--coalesce lets identical requests in flight share one inference. Prints per\n"
+                    "endpoint: share, sent/ok/failed, retries and hedges taken, latency P50/P95, RTT,\n"
+                    "breaker state, and Triton's own inference and response-cache-hit counts.",
+        epilog="example: tritonkit route --endpoints 127.0.0.1:8001,10.0.0.5:8001 --model edge_mlp "
+               "--requests 500 --concurrency 8 --coalesce --duplicates 0.3")
+    sp.add_argument("--endpoints", required=True, metavar="HOST:PORT,HOST:PORT",
+                    help="gRPC endpoints, the edge (local) server first")
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--requests", type=int, default=200, help="requests to send (default: %(default)s)")
+    sp.add_argument("--concurrency", type=int, default=4, help="requests in flight (default: %(default)s)")
+    sp.add_argument("--priority", type=int, default=0, help="Triton priority level (0: the model's default)")
+    sp.add_argument("--timeout-us", type=int, default=None, help="Triton queue timeout, passed through")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--json", type=Path, help="also write the per-endpoint table as JSON here")
+    router_args(sp)
+    sp.set_defaults(func=cmd_route)
 
     sp = sub.add_parser("sweep", help="batch-size sweep with plots and a recommendation")
     load_args(sp, "out/sweep")
@@ -334,9 +480,39 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--delay-us", type=int, action="append", help="queue delays to sweep (repeatable)")
     sp.set_defaults(func=cmd_sweep)
 
+    sp = sub.add_parser("tune", help="rewrite config.pbtxt from measured P95: offline search or --online sidecar")
+    spec_arg(sp)
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--p95-ms", type=float, help="the P95 SLO (default: the model's slo.p95_ms)")
+    sp.add_argument("--rps", type=float, help="offline: the lowest P95 at this rate (default: the highest rate "
+                                              "that meets the SLO)")
+    sp.add_argument("--max-trials", type=int, default=30, help="offline: measurement runs at most")
+    sp.add_argument("--max-errors", type=float, default=0.01, help="offline: error ratio a trial may have")
+    sp.add_argument("--max-batch", type=int, help="offline: the largest max batch to try (default: the spec's; "
+                                                  "never above the memory plan's bound)")
+    sp.add_argument("--repo", type=Path, help=f"the model repository (offline default: {DEFAULT_REPO}; online: "
+                                               "accepted configs are also written there, so a restart keeps them)")
+    sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+    sp.add_argument("--out", type=Path, default=Path("out/tune"))
+    sp.add_argument("--online", action="store_true", help="watch a live server and adjust the queue delay and "
+                                                          "preferred sizes within guardrails")
+    sp.add_argument("--url", help="online: Triton's gRPC HOST:PORT (default 127.0.0.1:8001)")
+    sp.add_argument("--metrics-url", help="online: accepted for the sidecar; the decisions use the statistics API")
+    sp.add_argument("--dry-run", action="store_true", help="online: only log what would change")
+    sp.add_argument("--interval", type=float, default=5.0, help="online: seconds per observation window")
+    sp.add_argument("--cooldown", type=float, default=15.0, help="online: seconds between two changes")
+    sp.add_argument("--duration", type=float, help="online: stop after this many seconds (default: until Ctrl-C)")
+    sp.set_defaults(func=cmd_tune)
+
     sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
-    sp.add_argument("what", choices=["generators"], help="generators: Locust HTTP vs asyncio gRPC capacity "
-                                                          "and distortion")
+    sp.add_argument("what", choices=["generators", "tuner"],
+                    help="generators: Locust HTTP vs asyncio gRPC capacity and distortion; "
+                         "tuner: the tuner against an exhaustive grid over the same knobs")
+    spec_arg(sp)
+    sp.add_argument("--model", help="tuner: the model (default: the spec's first)")
+    sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
+    sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+    sp.add_argument("--max-trials", type=int, default=30, help="tuner: the tuner's trial budget")
     sp.add_argument("--out", type=Path, default=Path("out/bench"))
     sp.add_argument("--seconds", type=float, default=5.0, help="steady window of each run")
     sp.add_argument("--users", type=int, default=16, help="closed-loop clients for the capacity runs")

@@ -1,7 +1,8 @@
 """`make demo`: the whole loop on this machine with a real tritonserver on the CPU.
 
 sample model -> configs -> serve -> a concurrent burst (latency and batch statistics) -> a short
-headless Locust load test with two priority classes -> a short batch-size sweep and its report -> stop.
+headless Locust load test with two priority classes -> a short batch-size sweep and its report -> stop
+-> the tuner for the model's SLO, before and after.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from tritonkit.loadtests.sweep import sweep
 from tritonkit.serving import running
 from tritonkit.spec import load_spec, parse_spec
 from tritonkit.stats import batch_histogram, summary_ms
+from tritonkit.tuner.run import tune_offline
 
 
 def say(msg: str = "") -> None:
     print(msg, flush=True)
 
 
-STEPS = 6
+STEPS = 7
 # Two classes as an edge service has them: a few interactive requests ahead of bulk work.
 CLASSES = [RequestClass("interactive", weight=1, priority=1), RequestClass("bulk", weight=3, priority=2)]
 
@@ -74,6 +76,23 @@ def run_demo(spec_path: Path, repo: Path, state_dir: Path, requests: int = 2000,
         files = sweep(r, spec, repo, model, Load(rate=rate, duration_s=seconds, warmup_s=1.0), out / "sweep",
                       batch_sizes=sizes, log=say)
         say(f"report: {files['report.md']}")
+
+    slo = spec.model(model).slo
+    say(f"\n== 7/{STEPS} tune for the SLO: P95 <= {slo.p95_ms:g} ms at {rate:g} req/s (the lowest P95 there)")
+    result = tune_offline(spec_path, model, repo, state_dir, out / "tune", rps=rate, max_trials=14,
+                          log=say)
+    t = result.tuning
+
+    def row(name: str, score) -> str:
+        tr = score.trial
+        p95 = "-" if tr is None or tr.p95_ms is None else f"{tr.p95_ms:.1f} ms"
+        err = "-" if tr is None else f"{100 * tr.error_ratio:.1f}%"
+        return f"  {name:<7}{score.knobs.label():<48} P95 {p95:>9}   errors {err}"
+
+    say(row("before", t.baseline))
+    say(row("after", t.best))
+    say(f"report: {result.files['report.md']}" + (f"; decision: {result.files['tuned.yaml']}"
+                                                   if "tuned.yaml" in result.files else " (not confirmed: no change)"))
 
 
 def report(result, histogram: dict[int, int]) -> None:

@@ -21,6 +21,9 @@ DType = Literal[
     "FP16", "FP32", "FP64", "BF16", "STRING",
 ]
 Runtime = Literal["auto", "tensorrt", "onnxruntime", "python-onnxruntime"]
+# Written by `tritonkit tune` beside deploy.yaml; overrides these keys of the models it names.
+TUNED_FILE = "tuned.yaml"
+TUNED_KEYS = ("max_batch_size", "batching", "instances")
 
 
 class _Strict(BaseModel):
@@ -257,11 +260,40 @@ def parse_spec(path: Path) -> Spec:
     if not isinstance(raw, dict):
         raise InputError([Problem(file, "", "expected a mapping with a `models:` list at the top",
                                   "see the README's deploy.yaml reference")])
+    _apply_tuned(raw, path.parent / TUNED_FILE)
     try:
         data = DeploySpec.model_validate(raw)
     except ValidationError as e:
         raise InputError(_pydantic_problems(file, e)) from None
     return Spec(data, path.resolve(), shown=file)
+
+
+def _apply_tuned(raw: dict, tuned: Path) -> None:
+    """Overlay the tuner's decisions (tuned.yaml) on the models they name, key by key."""
+    if not tuned.is_file():
+        return
+    file = str(tuned)
+    fix = f"delete {tuned.name} (or the entry) and re-run `tritonkit tune`"
+    try:
+        data = yaml.safe_load(tuned.read_text())
+    except yaml.YAMLError as e:
+        raise InputError([Problem(file, "", f"not valid YAML: {getattr(e, 'problem', e)}", fix)]) from None
+    if not isinstance(data, dict) or not isinstance(data.get("models"), dict):
+        raise InputError([Problem(file, "models", "expected a mapping of model names to tuned keys", fix)])
+    by_name = {m.get("name"): m for m in raw.get("models") or [] if isinstance(m, dict)}
+    problems = []
+    for name, keys in data["models"].items():
+        if name not in by_name:
+            problems.append(Problem(file, f"models.{name}", "no model of that name in the spec", fix))
+        elif not isinstance(keys, dict) or set(keys) - set(TUNED_KEYS):
+            problems.append(Problem(file, f"models.{name}", f"only {', '.join(TUNED_KEYS)} can be tuned", fix))
+        else:
+            model = by_name[name]
+            for key, value in keys.items():
+                base = model.get(key)
+                model[key] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
+    if problems:
+        raise InputError(problems)
 
 
 def load_spec(path: Path, check_onnx: bool = True) -> Spec:

@@ -1,0 +1,109 @@
+"""The batch cost model `T(B) = C_fixed + B * C_per`, fitted from Triton's per-batch-size statistics.
+
+Triton's statistics keep, per executed batch size, how many executions there were and how long
+their compute stages took. A weighted least-squares line through those points is the whole model.
+From it follow the figures the tuner starts from (DESIGN.md):
+
+    capacity      Φ(B)  = p * B / T(B)          p: instances that really run in parallel
+    expected batch E[B] = λ * W                 (capped by the max batch)
+    P95 estimate  L95  ≈ W + 2 * T(B)           a full wait, the batch ahead, then its own batch
+
+They rank candidates; measurements decide.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+STAGES = ("compute_input", "compute_infer", "compute_output")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    c_fixed_ms: float
+    c_per_ms: float
+    points: tuple[tuple[int, int, float], ...] = ()  # (batch size, executions, mean ms) it was fitted on
+
+    def t_ms(self, b: int) -> float:
+        """Compute time of one execution of batch `b`."""
+        return self.c_fixed_ms + b * self.c_per_ms
+
+    def capacity(self, b: int, instances: int = 1, cores: float | None = None) -> float:
+        """Requests per second that batches of `b` can serve."""
+        return parallelism(instances, cores) * b / (self.t_ms(b) / 1e3)
+
+    def p95_ms(self, b: int, delay_us: int) -> float:
+        return delay_us / 1e3 + 2 * self.t_ms(b)
+
+    def to_json(self) -> dict:
+        return {"c_fixed_ms": round(self.c_fixed_ms, 4), "c_per_ms": round(self.c_per_ms, 4),
+                "points": [list(p) for p in self.points]}
+
+
+def parallelism(instances: int, cores: float | None = None) -> float:
+    """Instances beyond the cores left after Triton's own threads and the load generator (about
+    half a core together) run no faster in parallel."""
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    return max(1.0, min(float(instances), cores - 0.5))
+
+
+def batch_points(before: dict, after: dict) -> list[tuple[int, int, float]]:
+    """(batch size, executions, mean compute ms) between two statistics snapshots of one model."""
+    def table(stats: dict) -> dict[int, tuple[int, int]]:
+        out = {}
+        for b in stats.get("batch_stats", []):
+            count = int(b["compute_infer"]["count"])
+            ns = sum(int(b.get(s, {}).get("ns", 0)) for s in STAGES)
+            out[int(b["batch_size"])] = (count, ns)
+        return out
+
+    a, z = table(before), table(after)
+    points = []
+    for size, (count, ns) in sorted(z.items()):
+        c0, ns0 = a.get(size, (0, 0))
+        if count - c0 > 0:
+            points.append((size, count - c0, (ns - ns0) / (count - c0) / 1e6))
+    return points
+
+
+def fit(points: list[tuple[int, int, float]], min_executions: int = 3) -> CostModel:
+    """Weighted least squares of mean compute time on batch size; weights are execution counts.
+
+    With one batch size only, the fixed share cannot be told apart: all of it is taken as per-item
+    cost (batching then looks useless, so the tuner measures rather than trusts it)."""
+    pts = [p for p in points if p[1] >= min_executions] or list(points)
+    if not pts:
+        raise ValueError("no executions to fit: the calibration run sent no requests that Triton ran")
+    w = [float(c) for _, c, _ in pts]
+    x = [float(b) for b, _, _ in pts]
+    y = [t for _, _, t in pts]
+    sw = sum(w)
+    mx = sum(wi * xi for wi, xi in zip(w, x)) / sw
+    my = sum(wi * yi for wi, yi in zip(w, y)) / sw
+    sxx = sum(wi * (xi - mx) ** 2 for wi, xi in zip(w, x))
+    if sxx == 0:
+        return CostModel(0.0, my / mx, tuple(pts))
+    slope = sum(wi * (xi - mx) * (yi - my) for wi, xi, yi in zip(w, x, y)) / sxx
+    slope = max(slope, 1e-6)  # a batch never costs less per item than nothing
+    intercept = max(0.0, my - slope * mx)
+    return CostModel(intercept, slope, tuple(pts))
+
+
+def batch_for_rate(model: CostModel, rate: float, max_batch: int, instances: int = 1,
+                   utilisation: float = 0.7) -> int:
+    """The smallest power-of-two batch (up to `max_batch`) that serves `rate` at the given utilisation."""
+    b = 1
+    while b < max_batch and model.capacity(b, instances) * utilisation < rate:
+        b *= 2
+    return min(b, max_batch)
+
+
+def delay_for(model: CostModel, b: int, rate: float, slo_p95_ms: float) -> int:
+    """Queue delay (µs) that lets `rate` fill a batch of `b` (E[B] = λW), within the SLO's budget."""
+    if b <= 1 or rate <= 0:
+        return 0
+    fill_us = b / rate * 1e6
+    budget_us = max(0.0, (slo_p95_ms - 2 * model.t_ms(b)) * 1e3)
+    return int(math.floor(min(fill_us, budget_us) / 100) * 100)  # 100 µs steps: no false precision

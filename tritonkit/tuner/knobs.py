@@ -1,0 +1,112 @@
+"""The knobs the tuner turns, and how a set of them becomes a spec variant (and so a config.pbtxt).
+
+Everything goes through the spec and `configs.generate`, the one place where config.pbtxt is
+written and checked, so a tuned config obeys every rule a hand-written one does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+
+from tritonkit.spec import ModelSpec, QueuePolicy, Spec
+
+# The values each knob takes, for the search and for the exhaustive grid it is benchmarked against.
+DELAYS_US = (0, 500, 2000, 8000)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    max_batch: int
+    delay_us: int
+    instances: int = 1
+    # None keeps the spec's default queue policy; the tuner sets one that protects the SLO last
+    queue: QueuePolicy | None = None
+
+    @property
+    def preferred(self) -> list[int]:
+        # Dispatch as soon as a full batch is there; otherwise the delay decides.
+        return [self.max_batch] if self.max_batch > 1 else []
+
+    def label(self) -> str:
+        q = f" queue {self.queue.max_queue_size}/{self.queue.default_timeout_us // 1000}ms" if self.queue else ""
+        return f"batch {self.max_batch:>2} delay {self.delay_us:>5} us x{self.instances}{q}"
+
+    def model(self, m: ModelSpec) -> ModelSpec:
+        update = {"preferred_batch_sizes": self.preferred, "max_queue_delay_us": self.delay_us}
+        if self.queue is not None:
+            update["default_queue_policy"] = self.queue
+        batching = m.batching.model_copy(update=update)
+        instances = m.instances.model_copy(update={"count": self.instances})
+        return m.model_copy(update={"max_batch_size": self.max_batch, "batching": batching, "instances": instances})
+
+    def apply(self, spec: Spec, model: str) -> Spec:
+        return spec.with_model(self.model(spec.model(model)))
+
+    def to_json(self) -> dict:
+        out = {"max_batch_size": self.max_batch, "max_queue_delay_us": self.delay_us, "instances": self.instances,
+               "preferred_batch_sizes": self.preferred}
+        if self.queue is not None:
+            out["default_queue_policy"] = self.queue.model_dump()
+        return out
+
+
+def from_spec(m: ModelSpec) -> Knobs:
+    return Knobs(m.max_batch_size, m.batching.max_queue_delay_us, m.instances.count)
+
+
+def max_instances() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+def batch_sizes(bound: int) -> list[int]:
+    sizes, b = [], 1
+    while b <= bound:
+        sizes.append(b)
+        b *= 2
+    return sizes
+
+
+def neighbours(k: Knobs, bound: int) -> list[Knobs]:
+    """One step along each knob: batch x2 and /2, delay up or down the ladder, one instance more or less."""
+    out = []
+    for b in (k.max_batch * 2, k.max_batch // 2):
+        if 1 <= b <= bound:
+            out.append(replace(k, max_batch=b))
+    i = _ladder_index(k.delay_us)
+    for j in (i + 1, i - 1, i - 2):  # two rungs down too: under load, queueing fills batches anyway
+        if 0 <= j < len(DELAYS_US):
+            out.append(replace(k, delay_us=DELAYS_US[j]))
+    for n in (k.instances + 1, k.instances - 1):
+        if 1 <= n <= max_instances():
+            out.append(replace(k, instances=n))
+    return out
+
+
+def _ladder_index(delay_us: int) -> int:
+    return min(range(len(DELAYS_US)), key=lambda j: abs(DELAYS_US[j] - delay_us))
+
+
+def on_ladder(delay_us: int) -> int:
+    return DELAYS_US[_ladder_index(delay_us)]
+
+
+def grid(bound: int) -> list[Knobs]:
+    """Every combination of the knobs' values: what an exhaustive search measures."""
+    return [Knobs(b, d, i) for i in range(1, max_instances() + 1) for b in batch_sizes(bound) for d in DELAYS_US]
+
+
+def protective_queue(base: QueuePolicy | None, capacity_rps: float, delay_us: int, slo_p95_ms: float,
+                     max_batch: int, instances: int) -> QueuePolicy:
+    """A bounded queue that rejects fast rather than letting every request go slow (DESIGN.md).
+
+    A request that finds q requests ahead waits about q / capacity plus the batching delay; the
+    queue is cut at twice the q where that reaches the SLO (Poisson bursts pass through the queue
+    and drain), and never below two batches per instance plus the one forming. The timeout drops
+    a request that waited past the SLO anyway (it would be late); clients may ask for a shorter one."""
+    budget_s = max(0.0, slo_p95_ms - delay_us / 1e3) / 1e3
+    size = max(max_batch * (2 * instances + 1), math.ceil(2 * capacity_rps * budget_s))
+    base = base or QueuePolicy()
+    return base.model_copy(update={"max_queue_size": size, "timeout_action": "REJECT",
+                                   "default_timeout_us": int(slo_p95_ms * 1e3), "allow_timeout_override": True})

@@ -1,0 +1,301 @@
+"""`tritonkit tune --online`: a sidecar that keeps the queue delay and preferred batch size matched
+to the traffic a live server sees, within guardrails.
+
+Every window it reads Triton's statistics (exact deltas: request rate, mean queue and compute
+time, mean batch, failures) and refits the cost model from the per-batch-size statistics. The
+setpoint follows DESIGN.md: the smallest batch that serves the current rate at 70% utilisation,
+and the delay that the rate fills (E[B] = λW) within the SLO budget (W + 2T(B) <= P95 SLO).
+
+Why statistics and not the summary quantiles: Triton's summary P95 covers a long window. After
+half a minute of light load it still reported the 62 ms of the overload before it, so it cannot
+tell whether the last change helped. The mean latency of one window, from statistics deltas, can.
+
+Guardrails: a change only when the setpoint differs by a clear factor for several windows in a
+row (hysteresis), a cool-down after each change, one change in flight, and a rollback when the
+window after a change is worse (higher mean latency at a similar rate, or more failures).
+`--dry-run` logs what it would do and changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from tritonkit.clients import Client, TritonRequestError
+from tritonkit.errors import ServerError
+from tritonkit.files import write_bytes_atomic
+from tritonkit.loadtests.server_stats import breakdown
+from tritonkit.spec import parse_spec
+from tritonkit.tuner.costmodel import CostModel, batch_for_rate, batch_points, delay_for, fit
+
+
+@dataclass(frozen=True)
+class OnlineSettings:
+    interval_s: float = 5.0
+    cooldown_s: float = 15.0
+    dry_run: bool = False
+    max_delay_us: int = 20000
+    hysteresis: float = 1.5  # the setpoint must differ by this factor (or turn batching on/off)
+    settle_windows: int = 2  # for this many windows in a row
+    worse_margin: float = 0.2  # roll back when the next window's mean latency is this much higher
+    min_requests: int = 20  # windows with fewer requests say nothing about latency
+
+
+@dataclass
+class Window:
+    t_s: float
+    rate: float
+    requests: int
+    mean_ms: float | None
+    queue_ms: float | None
+    mean_batch: float | None
+    error_ratio: float
+    delay_us: int
+    preferred: list[int]
+    action: str = ""
+
+
+@dataclass
+class Change:
+    at_window: int
+    before: mc.ModelConfig
+    after: mc.ModelConfig
+    reference: Window  # the window before the change, to judge the one after it
+
+
+@dataclass
+class OnlineState:
+    windows: list[Window] = field(default_factory=list)
+    proposals: list[tuple[int, list[int]]] = field(default_factory=list)
+    last_change_t: float = -1e9
+    in_flight: Change | None = None
+    frozen_until: float = 0.0
+    changes: int = 0
+    rollbacks: int = 0
+
+
+class Controller:
+    """Decides from windows; applies through model control (and the repository file, if given)."""
+
+    def __init__(self, client: Client, model: str, slo_p95_ms: float, settings: OnlineSettings,
+                 repo: Path | None, log: Callable[[str], None]):
+        self.c, self.model, self.slo, self.s, self.repo, self.log = client, model, slo_p95_ms, settings, repo, log
+        self.state = OnlineState()
+        self.config = client.config(model)
+        self.max_batch = self.config.max_batch_size
+        self.instances = sum(g.count for g in self.config.instance_group) or 1
+        self.cost: CostModel | None = None
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def observe(self, before: dict, after: dict, t_s: float, dt: float) -> Window | None:
+        """The window's figures; None when Triton's counters restarted (a reload resets them)."""
+        b = breakdown(before, after)
+        requests = b["requests"] + b["failed"]
+        if b["requests"] < 0 or b["failed"] < 0:
+            return None
+        dyn = self.config.dynamic_batching
+        w = Window(round(t_s, 2), round(requests / dt, 1), requests,
+                   None if b["request_ms"] is None else round(b["request_ms"], 3),
+                   None if b["queue_ms"] is None else round(b["queue_ms"], 3),
+                   None if b["mean_batch"] is None else round(b["mean_batch"], 2),
+                   round(b["failed"] / requests, 4) if requests else 0.0,
+                   int(dyn.max_queue_delay_microseconds), list(dyn.preferred_batch_size))
+        with contextlib.suppress(ValueError):  # no executions yet: keep the model there is
+            self.cost = fit(batch_points({}, after))  # lifetime executions: the most points
+        self.state.windows.append(w)
+        return w
+
+    # -- deciding ------------------------------------------------------------------------------
+
+    def setpoint(self, rate: float) -> tuple[int, list[int]]:
+        if self.cost is None or rate <= 0:
+            return self.config.dynamic_batching.max_queue_delay_microseconds, \
+                list(self.config.dynamic_batching.preferred_batch_size)
+        b = batch_for_rate(self.cost, rate, self.max_batch, self.instances)
+        delay = min(delay_for(self.cost, b, rate, self.slo), self.s.max_delay_us)
+        return delay, ([b] if b > 1 else [])
+
+    def _differs(self, now: int, wanted: int, pref_now: list[int], pref_wanted: list[int]) -> bool:
+        if (now == 0) != (wanted == 0) or pref_now != pref_wanted and (now or wanted):
+            return True
+        lo, hi = sorted((max(now, 1), max(wanted, 1)))
+        return hi / lo >= self.s.hysteresis
+
+    def step(self, w: Window, now_t: float) -> None:
+        st = self.state
+        n = len(st.windows) - 1
+        if st.in_flight is not None:
+            self._judge(st.in_flight, w, now_t)
+            st.in_flight = None
+            return
+        if w.requests < self.s.min_requests:
+            st.proposals.clear()
+            return
+        delay, preferred = self.setpoint(w.rate)
+        if not self._differs(w.delay_us, delay, w.preferred, preferred):
+            st.proposals.clear()
+            return
+        if st.proposals and self._differs(st.proposals[-1][0], delay, st.proposals[-1][1], preferred):
+            st.proposals.clear()  # the setpoint itself moved: count again from this one
+        st.proposals.append((delay, preferred))
+        if len(st.proposals) < self.s.settle_windows:
+            w.action = f"proposed delay {delay} us, preferred {preferred} ({len(st.proposals)}/{self.s.settle_windows})"
+            return
+        if now_t - st.last_change_t < self.s.cooldown_s or now_t < st.frozen_until:
+            w.action = "cooling down"
+            return
+        delay, preferred = st.proposals[-1]
+        st.proposals.clear()
+        if self.s.dry_run:
+            w.action = f"dry run: would set delay {w.delay_us} -> {delay} us, preferred {preferred}"
+            self.log(f"  [{n}] {w.action}")
+            return
+        after = mc.ModelConfig()
+        after.CopyFrom(self.config)
+        after.dynamic_batching.max_queue_delay_microseconds = delay
+        del after.dynamic_batching.preferred_batch_size[:]
+        after.dynamic_batching.preferred_batch_size.extend(preferred)
+        if self._apply(after):
+            st.in_flight = Change(n, self._copy(self.config), after, w)
+            st.last_change_t, st.changes = now_t, st.changes + 1
+            before = self.config
+            self.config = after
+            w.action = (f"set delay {before.dynamic_batching.max_queue_delay_microseconds} -> {delay} us, "
+                        f"preferred {preferred} at {w.rate:.0f} req/s")
+            self.log(f"  [{n}] {w.action}")
+
+    def _judge(self, change: Change, w: Window, now_t: float) -> None:
+        ref = change.reference
+        similar_rate = ref.rate > 0 and 0.8 <= w.rate / ref.rate <= 1.25
+        worse_latency = (similar_rate and w.mean_ms is not None and ref.mean_ms is not None
+                         and w.mean_ms > ref.mean_ms * (1 + self.s.worse_margin) and w.mean_ms > 0.5 * self.slo)
+        worse_errors = w.error_ratio > ref.error_ratio + 0.01
+        if worse_latency or worse_errors:
+            why = "mean latency" if worse_latency else "failures"
+            if self._apply(change.before):
+                self.config = change.before
+            self.state.rollbacks += 1
+            self.state.frozen_until = now_t + 2 * self.s.cooldown_s
+            w.action = f"rolled back: {why} got worse ({ref.mean_ms} -> {w.mean_ms} ms, " \
+                       f"errors {ref.error_ratio:.1%} -> {w.error_ratio:.1%})"
+            self.log(f"  [{len(self.state.windows) - 1}] {w.action}")
+        else:
+            w.action = "kept the change"
+
+    # -- applying ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _copy(cfg: mc.ModelConfig) -> mc.ModelConfig:
+        out = mc.ModelConfig()
+        out.CopyFrom(cfg)
+        return out
+
+    def _apply(self, cfg: mc.ModelConfig) -> bool:
+        """Load `cfg` through model control; on refusal the config in force stays (and is reloaded)."""
+        try:
+            self.c.load(self.model, cfg)
+        except TritonRequestError as e:
+            self.log(f"  Triton refused the change ({str(e)[:200]}); keeping the config in force")
+            try:
+                self.c.load(self.model, self.config)
+            except TritonRequestError as again:
+                raise ServerError(f"{self.model} could not be reloaded with its config in force: {again}") from None
+            return False
+        if self.repo is not None:  # so that a restart keeps what was accepted
+            write_bytes_atomic(Path(self.repo) / self.model / "config.pbtxt",
+                               text_format.MessageToString(cfg).encode(), keep_previous=True)
+        return True
+
+
+def run_online(spec_path: Path, model: str, url: str, settings: OnlineSettings, *,
+               repo: Path | None = None, p95_ms: float | None = None, duration_s: float | None = None,
+               out_dir: Path | None = None, key_headers: dict[str, str] | None = None,
+               log: Callable[[str], None] = print) -> OnlineState:
+    """Watch and adjust until `duration_s` passes or Ctrl-C. The spec is only read for the SLO
+    (no ONNX file is needed: the sidecar runs next to the server, not next to the models)."""
+    spec = parse_spec(spec_path)
+    slo = p95_ms or spec.model(model).slo.p95_ms
+    if not slo:
+        from tritonkit.errors import input_error
+
+        raise input_error(spec.shown, f"models[{model}].slo.p95_ms", "the online tuner needs a P95 SLO",
+                          "set slo.p95_ms or pass --p95-ms")
+    headers = key_headers if key_headers is not None else _key_headers(spec)
+    with Client(url, "grpc", headers) as client:
+        ctl = Controller(client, model, slo, settings, repo, log)
+        log(f"online tuner for {model} at {url}: SLO P95 {slo:g} ms, window {settings.interval_s:g} s, "
+            f"cool-down {settings.cooldown_s:g} s{' (dry run)' if settings.dry_run else ''}")
+        t0 = time.monotonic()
+        before = client.statistics(model)
+        last = t0
+        try:
+            while duration_s is None or time.monotonic() - t0 < duration_s:
+                time.sleep(max(0.0, last + settings.interval_s - time.monotonic()))
+                now = time.monotonic()
+                after = client.statistics(model)
+                w = ctl.observe(before, after, now - t0, now - last)
+                if w is not None:
+                    ctl.step(w, now - t0)
+                before, last = after, now
+        except KeyboardInterrupt:
+            if ctl.state.in_flight is not None:  # a change not yet judged is not known to be good
+                ctl._apply(ctl.state.in_flight.before)
+                log("interrupted: the change being judged was rolled back")
+    if out_dir is not None:
+        write_online_log(Path(out_dir), model, slo, ctl.state)
+    return ctl.state
+
+
+def _key_headers(spec) -> dict[str, str]:
+    import os
+
+    key = spec.server.restricted_key
+    value = os.environ.get(key.value_env, "")
+    return {key.header: value} if value else {}
+
+
+def write_online_log(out_dir: Path, model: str, slo: float, state: OnlineState) -> None:
+    from tritonkit.loadtests.results import SCHEMA
+
+    data = {"schema": SCHEMA, "kind": "tuner/online", "model": model, "slo_p95_ms": slo,
+            "changes": state.changes, "rollbacks": state.rollbacks, "windows": [asdict(w) for w in state.windows]}
+    write_bytes_atomic(out_dir / "online.json", json.dumps(data, indent=2).encode())
+    plot_online(out_dir / "online.png", state.windows, slo)
+
+
+def plot_online(path: Path, windows: list[Window], slo: float, client_p95: list[tuple[float, float]] = ()) -> None:
+    """Rate, latency and the delay in force per window; `client_p95` adds what a load test saw."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [w.t_s for w in windows]
+    fig, (a1, a2, a3) = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
+    a1.plot(t, [w.rate for w in windows], drawstyle="steps-post")
+    a1.set_ylabel("req/s")
+    a2.plot(t, [w.mean_ms for w in windows], label="server mean (window)")
+    if client_p95:
+        a2.plot(*zip(*client_p95), label="client P95 (per second)", alpha=0.7)
+    a2.axhline(slo, color="red", linestyle="--", label="SLO P95")
+    a2.set_ylabel("ms")
+    a2.legend(fontsize=8)
+    a3.plot(t, [w.delay_us for w in windows], drawstyle="steps-post")
+    a3.set_ylabel("queue delay, µs")
+    a3.set_xlabel("seconds")
+    fig.suptitle("Online tuner: load, latency and the delay it set")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue())

@@ -1,0 +1,144 @@
+"""What a tuning run leaves behind: the trial log (JSON, CSV), the decision (tuned.yaml), a report.
+
+tuned.yaml sits beside deploy.yaml and overrides the tuned keys of the models it names; the spec
+loader applies it (`tritonkit.spec.TUNED_FILE`), so `tritonkit configs` regenerates the tuned
+config from then on. Deleting a model's entry, or the file, goes back to deploy.yaml's values.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+import yaml
+
+matplotlib.use("Agg")  # no display on edge machines and in CI
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+from tritonkit.files import write_bytes_atomic  # noqa: E402
+from tritonkit.loadtests.results import SCHEMA  # noqa: E402
+from tritonkit.spec import TUNED_FILE, Spec  # noqa: E402
+from tritonkit.tuner.knobs import Knobs  # noqa: E402
+from tritonkit.tuner.offline import Score, Tuning  # noqa: E402
+from tritonkit.tuner.trials import Trial  # noqa: E402
+
+CSV_KEYS = ("n", "phase", "label", "rate", "requests", "ok_rps", "p50_ms", "p95_ms", "p99_ms", "error_ratio",
+            "mean_batch", "passed", "seconds", "note")
+
+
+def _score(s: Score) -> dict:
+    return {"knobs": s.knobs.to_json(), "label": s.knobs.label(), "passed": s.passed,
+            "rate": s.rate, "value": None if math.isinf(s.value) else s.value,
+            "trial": s.trial.n if s.trial else None}
+
+
+def log_json(model: str, tuning: Tuning, trials: list[Trial], seconds: float) -> dict:
+    return {
+        "schema": SCHEMA, "kind": "tuner/trials", "model": model,
+        "objective": {"kind": tuning.objective.kind, "slo_p95_ms": tuning.objective.slo_p95_ms,
+                      "rps": tuning.objective.rps, "max_error_ratio": tuning.objective.max_error_ratio},
+        "bound": tuning.bound,
+        "cost_model": tuning.cost_model.to_json() if tuning.cost_model else None,
+        "baseline": _score(tuning.baseline), "best": _score(tuning.best), "confirmed": tuning.confirmed,
+        "stopped_because": tuning.stopped_because,
+        "overload": tuning.overload.to_json() if tuning.overload else None,
+        "trials": [t.to_json() for t in trials], "trial_count": len(trials), "seconds": round(seconds, 1),
+    }
+
+
+def partial_log(model: str, trials: list[Trial]) -> dict:
+    """The trials of a run that was stopped before it chose anything."""
+    return {"schema": SCHEMA, "kind": "tuner/trials", "model": model, "interrupted": True,
+            "trials": [t.to_json() for t in trials], "trial_count": len(trials)}
+
+
+def write_log(out_dir: Path, log: dict) -> dict[str, Path]:
+    out_dir = Path(out_dir)
+    files = {"trials.json": out_dir / "trials.json", "trials.csv": out_dir / "trials.csv"}
+    write_bytes_atomic(files["trials.json"], json.dumps(log, indent=2, default=str).encode())
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=[*CSV_KEYS, "errors"])
+    w.writeheader()
+    for t in log["trials"]:  # a stopped run's log has the trials too
+        w.writerow({**{k: t[k] for k in CSV_KEYS}, "errors": json.dumps(t["errors"])})
+    write_bytes_atomic(files["trials.csv"], buf.getvalue().encode())
+    return files
+
+
+def write_tuned(spec: Spec, model: str, k: Knobs) -> Path:
+    """Record the decision beside deploy.yaml, keeping other models' entries."""
+    path = spec.path.parent / TUNED_FILE
+    data = yaml.safe_load(path.read_text()) if path.exists() else None
+    data = data if isinstance(data, dict) and isinstance(data.get("models"), dict) else {"models": {}}
+    batching = {"preferred_batch_sizes": k.preferred, "max_queue_delay_us": k.delay_us}
+    if k.queue is not None:
+        batching["default_queue_policy"] = k.queue.model_dump()
+    data["models"][model] = {"max_batch_size": k.max_batch, "batching": batching,
+                             "instances": {"count": k.instances}}
+    header = ("# Written by `tritonkit tune`: these keys override deploy.yaml's for the models named here.\n"
+              "# `tritonkit configs` applies them. Delete a model's entry, or this file, to go back.\n")
+    write_bytes_atomic(path, (header + yaml.safe_dump(data, sort_keys=False)).encode())
+    return path
+
+
+def plot_trials(path: Path, trials: list[Trial], tuning: Tuning) -> None:
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for phase, marker in (("baseline", "s"), ("calibrate", "x"), ("start", "D"), ("neighbour", "o"),
+                          ("overload", "v"), ("confirm", "*")):
+        pts = [(t.ok_rps, t.p95_ms) for t in trials if t.phase == phase and t.p95_ms is not None]
+        if pts:
+            ax.scatter(*zip(*pts), marker=marker, label=phase, alpha=0.75)
+    ax.axhline(tuning.objective.slo_p95_ms, color="red", linestyle="--", label="SLO P95")
+    best = tuning.best.trial
+    if best and best.p95_ms is not None:
+        ax.scatter([best.ok_rps], [best.p95_ms], s=260, facecolors="none", edgecolors="black", linewidths=2,
+                   label="chosen")
+    ax.set_xlabel("throughput, ok req/s")
+    ax.set_ylabel("P95 latency, ms")
+    ax.set_yscale("log")
+    ax.set_title("Every trial: P95 against throughput")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue())
+
+
+def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial], log: dict) -> Path:
+    plot_trials(Path(out_dir) / "trials.png", trials, tuning)
+    b, w = tuning.baseline, tuning.best
+
+    def line(name: str, s: Score) -> str:
+        t = s.trial
+        if t is None or t.p95_ms is None:
+            return f"| {name} | {s.knobs.label()} | - | - | - |"
+        return f"| {name} | {s.knobs.label()} | {t.ok_rps:.0f} | {t.p95_ms:.2f} | {100 * t.error_ratio:.1f}% |"
+
+    cm = tuning.cost_model
+    lines = [f"# Tuning {model}", "",
+             f"Objective: {tuning.objective.describe()}.", "",
+             "| | config | req/s | P95 ms | errors |", "| --- | --- | --- | --- | --- |",
+             line("before", b), line("after", w), "",
+             f"Confirmed by a second measurement: {'yes' if tuning.confirmed else 'no'}. "
+             f"Search stopped: {tuning.stopped_because}. {len(trials)} trials in {log['seconds']:.0f} s.", ""]
+    if cm:
+        lines += [f"Cost model from calibration: T(B) = {cm.c_fixed_ms:.3f} ms + B × {cm.c_per_ms:.3f} ms.", ""]
+    if tuning.overload:
+        o = tuning.overload
+        lines += [f"Overload check at {o.rate:.0f} req/s with the protective queue: P95 of served requests "
+                  f"{o.p95_ms if o.p95_ms is not None else '-'} ms, errors {o.errors}.", ""]
+    lines += ["![trials](trials.png)", "", "| # | phase | config | load | req/s | P95 ms | errors | pass |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for t in trials:
+        p95 = "-" if t.p95_ms is None else f"{t.p95_ms:.2f}"
+        lines.append(f"| {t.n} | {t.phase} | {t.label} | {t.load} | {t.ok_rps:.0f} | {p95} | "
+                     f"{100 * t.error_ratio:.1f}% | {'yes' if t.passed else 'no'} |")
+    path = Path(out_dir) / "report.md"
+    write_bytes_atomic(path, ("\n".join(lines) + "\n").encode())
+    return path

@@ -1,0 +1,87 @@
+"""`tritonkit tune` (offline): lock the repository, serve the model, search, write the outcome.
+
+Ctrl-C (or any failure) puts back the config the repository had before tuning started, the one
+deploy.yaml (and an earlier tuned.yaml) describes, and the trials so far are still written.
+On success the tuned config is written last, so its `.last-good` copy is the pre-tuning one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonkit.configs.generate import generate, generate_from
+from tritonkit.errors import InputError, Problem
+from tritonkit.spec import Spec, load_spec
+from tritonkit.tuner import outputs
+from tritonkit.tuner.knobs import from_spec
+from tritonkit.tuner.lock import repository_lock
+from tritonkit.tuner.offline import Objective, Search, Tuning
+from tritonkit.tuner.trials import LocalServer, Probe, Trials
+
+
+@dataclass
+class TuneResult:
+    tuning: Tuning
+    trials: Trials
+    files: dict[str, Path]
+    seconds: float
+
+
+def max_batch_bound(spec: Spec, model: str, limit: int | None = None) -> int:
+    """The largest max batch the tuner may try: `limit` (default: the spec's max_batch_size),
+    lowered by the memory plan of `tritonkit.build_engines` (the one place for that rule)."""
+    from tritonkit.build_engines.plan import serving_max_batch
+
+    m = spec.model(model)
+    wanted = m.model_copy(update={"max_batch_size": limit or m.max_batch_size})
+    return max(1, serving_max_batch(spec, wanted))
+
+
+def objective_for(spec: Spec, model: str, p95_ms: float | None, rps: float | None,
+                  max_error_ratio: float) -> Objective:
+    m = spec.model(model)
+    slo = p95_ms or m.slo.p95_ms
+    if not slo:
+        raise InputError([Problem(spec.shown, f"models[{spec.models.index(m)}].slo.p95_ms",
+                                  "the tuner needs a P95 SLO", "set slo.p95_ms in the spec or pass --p95-ms")])
+    if m.max_batch_size < 1:
+        raise InputError([Problem(spec.shown, f"models[{spec.models.index(m)}].max_batch_size",
+                                  "a model without a batch axis has nothing to tune", "set max_batch_size >= 1")])
+    return Objective(slo, rps, max_error_ratio)
+
+
+def tune_offline(spec_path: Path, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
+                 p95_ms: float | None = None, rps: float | None = None, max_trials: int = 30,
+                 max_error_ratio: float = 0.01, max_batch: int | None = None, probe: Probe | None = None,
+                 write_decision: bool = True, log: Callable[[str], None] = print) -> TuneResult:
+    spec = load_spec(spec_path)
+    objective = objective_for(spec, model, p95_ms, rps, max_error_ratio)
+    bound = max_batch_bound(spec, model, max_batch)
+    t0 = time.perf_counter()
+    with repository_lock(repo):
+        generate(spec_path, repo)
+        server = LocalServer(spec, repo, state_dir, model, log)
+        server.start()
+        trials = Trials(server, spec, repo, model, slo_p95_ms=objective.slo_p95_ms,
+                        max_error_ratio=objective.max_error_ratio, probe=probe or Probe(), log=log)
+        tuning = None
+        try:
+            tuning = Search(trials, objective, bound, max_trials, log).run(from_spec(spec.model(model)))
+        finally:
+            # Whatever happened, the repository holds the pre-tuning config until the winner is chosen.
+            generate_from(spec, repo, models=[model])
+            server.close()
+            if tuning is None:
+                log("tuning stopped: the pre-tuning config is back in the repository")
+                outputs.write_log(out_dir, outputs.partial_log(model, trials.trials))
+        seconds = time.perf_counter() - t0
+        files = outputs.write_log(out_dir, outputs.log_json(model, tuning, trials.trials, seconds))
+        files["report.md"] = outputs.write_report(out_dir, model, tuning, trials.trials,
+                                                  {"seconds": seconds})
+        if write_decision and tuning.confirmed:
+            files["tuned.yaml"] = outputs.write_tuned(spec, model, tuning.best.knobs)
+            generate(spec_path, repo)  # now from tuned.yaml: the decision and the repository agree
+    return TuneResult(tuning, trials, files, seconds)

@@ -1,0 +1,198 @@
+"""Trials: put a set of knobs in force, measure one load against it, and never leave a bad state.
+
+Safety rules, all here:
+- A candidate is written atomically and reloaded through model control. If the rules or Triton
+  refuse it, the last-known-good config is written back and reloaded before anything else.
+- If tritonserver dies during a trial, the last-known-good config is written back and the server
+  is restarted with it; the trial is recorded as failed and the search goes on.
+- "Last-known-good" is the last config that loaded and answered a measurement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tritonkit.configs.generate import generate_from
+from tritonkit.errors import InputError, KitError, ServerError
+from tritonkit.loadtests.load import Load
+from tritonkit.loadtests.results import measure_grpc
+from tritonkit.serving import Running, running
+from tritonkit.spec import Spec
+from tritonkit.tuner.knobs import Knobs
+
+
+@dataclass(frozen=True)
+class Probe:
+    """How long each measurement runs; short, since the search runs many."""
+
+    warmup_s: float = 0.5
+    duration_s: float = 3.0
+    drain_s: float = 2.0
+
+
+@dataclass
+class Trial:
+    n: int
+    phase: str
+    label: str
+    knobs: dict
+    load: str
+    rate: float | None
+    requests: int = 0
+    ok_rps: float = 0.0
+    p50_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+    error_ratio: float = 0.0
+    errors: dict = field(default_factory=dict)
+    mean_batch: float | None = None
+    passed: bool = False
+    seconds: float = 0.0
+    note: str = ""
+    batch_stats: tuple = ()  # (before, after) statistics, for the cost model; not logged
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.pop("batch_stats")
+        return d
+
+
+class LocalServer:
+    """The tuner's own tritonserver (offline mode), which it can restart."""
+
+    def __init__(self, spec: Spec, repo: Path, state_dir: Path, model: str, log: Callable[[str], None]):
+        self.spec, self.repo, self.state_dir, self.model, self.log = spec, repo, state_dir, model, log
+        self._stack: contextlib.ExitStack | None = None
+        self.r: Running | None = None
+
+    def start(self) -> Running:
+        self._stack = contextlib.ExitStack()
+        ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
+        self.r = self._stack.enter_context(running(self.spec, self.repo, self.state_dir, models=[self.model],
+                                                   ports=ports, log=self.log))
+        return self.r
+
+    def alive(self) -> bool:
+        return self.r is not None and self.r.server.alive()
+
+    def restart(self) -> Running:
+        self.close()
+        return self.start()
+
+    def close(self) -> None:
+        if self._stack is not None:
+            self._stack.close()
+            self._stack, self.r = None, None
+
+
+class Trials:
+    def __init__(self, server: LocalServer, spec: Spec, repo: Path, model: str, *, slo_p95_ms: float,
+                 max_error_ratio: float, probe: Probe, log: Callable[[str], None]):
+        self.server, self.spec, self.repo, self.model = server, spec, repo, model
+        self.slo_p95_ms, self.max_error_ratio, self.probe_cfg, self.log = slo_p95_ms, max_error_ratio, probe, log
+        self.trials: list[Trial] = []
+        self.current: Knobs | None = None
+        self.good: Knobs | None = None
+        self.good_spec: Spec = spec  # exactly what served last; the spec's own config to begin with
+        self._applied: Spec = spec
+        self.restarts = 0
+
+    # -- putting knobs in force -------------------------------------------------------------
+
+    def apply(self, k: Knobs) -> str | None:
+        """Make `k` the serving config. None when it serves; otherwise why not (and the
+        last-known-good config is serving again)."""
+        if k == self.current:
+            return None
+        candidate = k.apply(self.spec, self.model)
+        try:
+            generate_from(candidate, self.repo, models=[self.model])
+        except InputError as e:  # the kit's own rules refuse it: nothing was written
+            return f"refused by the rules: {e}"
+        try:
+            self.server.r.load(self.model)
+        except ServerError as e:
+            alive = self.server.alive()
+            reason = f"Triton refused it: {str(e)[:300]}" if alive else "tritonserver died while loading it"
+            self.log(f"    {reason}; back to the last-known-good config")
+            self._recover()
+            return reason
+        self.current, self._applied = k, candidate
+        return None
+
+    def _recover(self) -> None:
+        """Write the last-known-good config back and serve it, restarting the server if it died."""
+        generate_from(self.good_spec, self.repo, models=[self.model])
+        if not self.server.alive():
+            self.restarts += 1
+            if self.restarts > 3:
+                raise ServerError("tritonserver died more than 3 times during tuning; the last-known-good "
+                                  "config is back in the repository")
+            self.log("    tritonserver is gone: restarting it with the last-known-good config")
+            self.server.restart()
+        else:
+            self.server.r.load(self.model)
+        self.current = self.good
+
+    # -- measuring ----------------------------------------------------------------------------
+
+    def run(self, k: Knobs, load: Load, phase: str) -> Trial:
+        t0 = time.perf_counter()
+        trial = Trial(len(self.trials) + 1, phase, k.label(), k.to_json(), load.describe(), load.rate)
+        refused = self.apply(k)
+        if refused:
+            trial.note = refused
+        else:
+            try:
+                with self.server.r.client() as c:
+                    before = c.statistics(self.model)
+                result = measure_grpc(self.server.r.endpoints.grpc, self.model, load)
+                with self.server.r.client() as c:
+                    after = c.statistics(self.model)
+                self._fill(trial, result)
+                trial.batch_stats = (before, after)
+                self.good, self.good_spec = k, self._applied
+            except KitError as e:
+                trial.note = f"measurement failed: {str(e)[:200]}"
+            if not self.server.alive():
+                trial.passed = False
+                trial.note = "tritonserver died during the trial"
+                self.log(f"    {trial.note}")
+                self._recover()
+        trial.seconds = round(time.perf_counter() - t0, 2)
+        self.trials.append(trial)
+        p95 = "-" if trial.p95_ms is None else f"{trial.p95_ms:.1f}"
+        self.log(f"  trial {trial.n:>3} {phase:<10} {k.label()}  {load.describe():<44} "
+                 f"{trial.ok_rps:7.0f} req/s  P95 {p95:>6} ms  err {100 * trial.error_ratio:4.1f}%  "
+                 f"{'pass' if trial.passed else 'fail'}{'  (' + trial.note + ')' if trial.note else ''}")
+        return trial
+
+    def _fill(self, t: Trial, result: dict) -> None:
+        o = result["overall"]
+        t.requests = o["requests"]
+        t.ok_rps = round(o["throughput_rps"], 1)
+        for q in ("p50", "p95", "p99"):
+            v = o[f"{q}_ms"]
+            setattr(t, f"{q}_ms", None if v != v else round(v, 3))  # NaN when nothing succeeded
+        t.errors = o["errors"]
+        t.error_ratio = round(sum(o["errors"].values()) / o["requests"], 4) if o["requests"] else 1.0
+        t.mean_batch = result["server"].get("mean_batch")
+        # On a shared machine the generator's sends lag when the server is busy; only a rate it
+        # failed to offer makes the trial meaningless.
+        short = t.rate is not None and result["generator"]["achieved_rate"] < 0.9 * t.rate
+        if short:
+            t.note = "generator-limited"
+        t.passed = (t.p95_ms is not None and t.p95_ms <= self.slo_p95_ms and t.error_ratio <= self.max_error_ratio
+                    and not short)
+
+    def open_load(self, rate: float) -> Load:
+        p = self.probe_cfg
+        return Load(rate=rate, duration_s=p.duration_s, warmup_s=p.warmup_s, drain_s=p.drain_s)
+
+    def closed_load(self, clients: int, seconds: float | None = None) -> Load:
+        p = self.probe_cfg
+        return Load(concurrency=clients, duration_s=seconds or p.duration_s, warmup_s=p.warmup_s, drain_s=p.drain_s)
