@@ -119,8 +119,9 @@ def test_refused_candidate_and_killed_server_end_with_the_last_known_good_config
 
 def test_online_follows_a_load_that_steps_up_and_down(served, tmp_path):
     """20% / 100% / 20% / 100% of 1000 req/s, 12 s each, against a model whose 20 ms queue delay
-    misses the 15 ms SLO at light load. Once each step settles, the client P95 is under the SLO,
-    and the delay in force is longer in the heavy steps (batches to fill) than in the light ones."""
+    misses the 15 ms SLO at light load. Once each step settles, the client P95 is under the SLO.
+    (Whether the heavy steps need batching depends on how fast this machine runs the model; the
+    decisions themselves are checked against a fixed cost model in the next test.)"""
     from tritonkit.loadtests.asyncgen import run_load
     from tritonkit.loadtests.load import Load
     from tritonkit.tuner.online import OnlineSettings, plot_online, run_online
@@ -151,14 +152,47 @@ def test_online_follows_a_load_that_steps_up_and_down(served, tmp_path):
     plot_online(tmp_path / "online_with_client.png", state.windows, 15, per_second)
     print("settled P95 per step:", quarters, "changes", state.changes, "rollbacks", state.rollbacks)
     print([(w.t_s, w.rate, w.delay_us, w.action) for w in state.windows if w.action])
-    def delay_at(t: float) -> int:
-        return [w.delay_us for w in state.windows if w.t_s <= t][-1]
-
-    light, heavy = delay_at(load.warmup_s + step_s - 0.5), delay_at(load.warmup_s + 2 * step_s - 0.5)
-    assert state.changes >= 2 and light < heavy, (light, heavy)
+    assert state.changes >= 1 and state.windows[-1].delay_us < 20000  # the light step's 20 ms wait is gone
     assert all(p <= 15 for p in quarters), quarters
     assert sum(s.latency_s is None for s in out.samples) <= 0.01 * len(out.samples)
     assert (tmp_path / "online.json").exists() and (tmp_path / "online_with_client.png").stat().st_size > 0
+    _reset(served, "online")
+
+
+def test_online_decisions_hysteresis_and_rollback(served):
+    """The controller's rules against a fixed cost model, applied to the real server: batching
+    grows with the rate, a change needs two agreeing windows and waits out the cool-down, and a
+    change followed by a worse window is rolled back in Triton."""
+    from tritonkit.tuner.costmodel import CostModel
+    from tritonkit.tuner.online import Controller, OnlineSettings, Window
+
+    _reset(served, "online")
+    with served.client() as client:
+        ctl = Controller(client, "online", 15.0, OnlineSettings(cooldown_s=10, settle_windows=2), None, print)
+        ctl.cost = CostModel(2.0, 0.3)
+        assert ctl.setpoint(100) == (0, [])  # light load: no waiting
+        heavy_delay, heavy_pref = ctl.setpoint(3000)
+        assert heavy_delay > 0 and heavy_pref and heavy_pref[0] >= 4  # heavy load: fill batches
+        assert heavy_delay / 1e3 + 2 * ctl.cost.t_ms(heavy_pref[0]) <= 15  # within the SLO budget
+
+        def window(t: float, rate: float, mean_ms: float) -> Window:
+            cfg = ctl.config.dynamic_batching
+            w = Window(t, rate, int(rate), mean_ms, mean_ms / 2, 4.0, 0.0, cfg.max_queue_delay_microseconds,
+                       list(cfg.preferred_batch_size))
+            ctl.state.windows.append(w)
+            return w
+
+        ctl.step(window(1, 3000, 5.0), 20.0)
+        assert ctl.state.changes == 0  # one window is not enough
+        ctl.step(window(2, 3000, 5.0), 21.0)
+        assert ctl.state.changes == 1 and ctl.state.in_flight is not None
+        assert client.config("online").dynamic_batching.max_queue_delay_microseconds == heavy_delay
+        ctl.step(window(3, 3000, 9.0), 22.0)  # 80% slower at the same rate: worse, roll back
+        assert ctl.state.rollbacks == 1
+        assert client.config("online").dynamic_batching.max_queue_delay_microseconds == 20000
+        ctl.step(window(4, 3000, 5.0), 23.0)
+        ctl.step(window(5, 3000, 5.0), 24.0)
+        assert ctl.state.changes == 1  # frozen after the rollback, and in the cool-down
     _reset(served, "online")
 
 
