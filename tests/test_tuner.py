@@ -59,6 +59,13 @@ def test_offline_meets_the_slo_that_the_spec_misses(workdir):
         assert (workdir / "out" / name).stat().st_size > 0
 
 
+def test_bad_tune_arguments_are_clear_errors(workdir):
+    _, done = _tune(workdir, "--p95-ms", "-1", "--max-trials", "2", timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--p95-ms" in done.stderr and "--max-trials" in done.stderr
+    assert not (workdir / "out").exists() and not (workdir / "repo").exists()  # nothing was started or written
+
+
 def test_a_second_tuner_on_the_same_repository_is_refused(workdir):
     from tritonkit.tuner.lock import repository_lock
 

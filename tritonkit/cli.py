@@ -294,7 +294,22 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     return 0
 
 
+def _check_tune_args(a: argparse.Namespace) -> None:
+    checks = [("--p95-ms", a.p95_ms is None or a.p95_ms > 0, "give the P95 SLO in ms, above 0, e.g. 25"),
+              ("--rps", a.rps is None or a.rps > 0, "give a rate above 0, e.g. 400"),
+              ("--max-trials", a.max_trials >= 5, "allow at least 5 trials (calibration alone takes 3)"),
+              ("--max-errors", 0 <= a.max_errors < 1, "give a ratio within 0..1, e.g. 0.01"),
+              ("--max-batch", a.max_batch is None or a.max_batch >= 1, "give a max batch of at least 1"),
+              ("--interval", a.interval > 0, "give a window above 0 s, e.g. 5"),
+              ("--cooldown", a.cooldown >= 0, "give a cool-down of 0 s or more"),
+              ("--duration", a.duration is None or a.duration > 0, "give a duration above 0 s, or leave it out")]
+    problems = [_bad_arg(flag, fix) for flag, ok, fix in checks if not ok]
+    if problems:
+        raise InputError(problems)
+
+
 def cmd_tune(a: argparse.Namespace) -> int:
+    _check_tune_args(a)
     if a.online:
         from tritonkit.server import read_state
         from tritonkit.tuner.online import OnlineSettings, run_online
