@@ -71,7 +71,7 @@ def test_a_second_tuner_on_the_same_repository_is_refused(workdir):
 
     write_spec(workdir, SLOW_SPEC)
     with repository_lock(workdir / "repo"):
-        _, done = _tune(workdir, "--rps", "300", "--max-trials", "3", timeout=60)
+        _, done = _tune(workdir, "--rps", "300", "--max-trials", "5", timeout=60)
     assert done.returncode == 1 and "another tuner" in done.stderr and "Traceback" not in done.stderr
 
 

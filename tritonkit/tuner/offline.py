@@ -29,6 +29,7 @@ from tritonkit.tuner.knobs import Knobs, batch_sizes, max_instances, neighbours,
 from tritonkit.tuner.trials import Trial, Trials
 
 RATE_STEP = 1.15  # the rate ladder of capacity searches: the resolution of a throughput figure
+FINAL_TRIALS = 3  # the overload check and up to two confirmations
 MAX_STEPS_DOWN = 5  # a config that fails 2x below its first rate is not worth more trials
 P95_GAIN = 0.10  # a latency-objective neighbour must be this much better (P95 of a 3 s run varies ~5-10%)
 
@@ -84,6 +85,12 @@ class Search:
 
     @property
     def budget_left(self) -> int:
+        """Trials the search may still use; the last few are kept for the overload check and the
+        confirmation, so that `max_trials` is never exceeded."""
+        return self.max_trials - len(self.t.trials) - FINAL_TRIALS
+
+    @property
+    def final_left(self) -> int:
         return self.max_trials - len(self.t.trials)
 
     # -- evaluating one candidate ---------------------------------------------------------------
@@ -248,18 +255,24 @@ class Search:
         protected = replace(k, queue=queue)
         self.log(f"== queue policy for the winner: max_queue_size {queue.max_queue_size}, "
                  f"timeout {queue.default_timeout_us} us, REJECT; overload check at {1.5 * capacity:.0f} req/s")
-        tuning.overload = self.t.run(protected, self.t.open_load(1.5 * capacity), "overload")
+        if self.final_left > 2:
+            tuning.overload = self.t.run(protected, self.t.open_load(1.5 * capacity), "overload")
         self.log("== confirm")
-        confirmed = confirm(self.t, [protected, k], rate, step_down=not self.obj.rps)
+        confirmed = confirm(self.t, [protected, k], rate, step_down=not self.obj.rps, limit=self.final_left)
         if confirmed is not None:
             tuning.best, tuning.confirmed = confirmed, True
 
 
-def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: bool, tries: int = 3) -> Score | None:
+def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: bool, tries: int = 3,
+            limit: int | None = None) -> Score | None:
     """Measure again at `rate`; the first candidate that passes wins (later ones are fallbacks,
-    such as the same knobs without a queue policy). A rate that does not hold steps down."""
+    such as the same knobs without a queue policy). A rate that does not hold steps down.
+    At most `limit` trials."""
+    end = len(trials.trials) + (limit if limit is not None else tries * len(candidates))
     for _ in range(tries):
         for k in candidates:
+            if len(trials.trials) >= end:
+                return None
             trial = trials.run(k, trials.open_load(rate), "confirm")
             if trial.passed:
                 return Score(k, -trial.p95_ms if not step_down else trial.ok_rps, rate, trial)
