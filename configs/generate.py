@@ -6,6 +6,7 @@ Triton does not know cannot be written, and text_format prints it the way Triton
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,15 +37,13 @@ class ResolvedModel:
     profiles: tuple[int, ...] = ()  # TensorRT optimization profiles the instances use (length buckets)
 
 
+@functools.cache  # asked once per model; the answer does not change while the process runs
 def gpu_present() -> bool:
-    """TensorRT is importable and an NVIDIA device node exists."""
-    if not Path("/dev/nvidia0").exists():
-        return False
-    try:
-        import tensorrt  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """TensorRT 10+ and a GPU the NVIDIA driver sees (Jetson's iGPU included): the one test of
+    whether engines can be built and served here lives in `build_engines.gpu`."""
+    from tritonkit.build_engines.gpu import target
+
+    return target().reason is None
 
 
 def resolve_runtime(m: ModelSpec, target: str) -> str:
