@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from tritonkit.spec import QueuePolicy
 from tritonkit.tuner.costmodel import CostModel, batch_points, delay_for, fit, parallelism
@@ -72,7 +72,6 @@ class Tuning:
     best: Score
     cost_model: CostModel | None
     bound: int
-    history: list[Score] = field(default_factory=list)
     overload: Trial | None = None
     confirmed: bool = False
     stopped_because: str = ""
@@ -211,7 +210,6 @@ class Search:
         log(f"== start: {start.label()} (predicted {ranked[0][0]:.1f})")
         started = self.evaluate(start, "start", start_rate=self.predicted_rate(cm, start))
         incumbent = baseline if self.better(baseline, started) or not started.passed else started
-        history = [baseline, started]
         log("== hill climbing")
         tried = {baseline.knobs, started.knobs}
         stopped = "no neighbour beat the incumbent by more than the noise"
@@ -226,12 +224,11 @@ class Search:
                     break
                 tried.add(k)
                 score = self.evaluate(k, "neighbour", beat=incumbent)
-                history.append(score)
                 if self.better(score, incumbent):
                     log(f"    better: {k.label()}")
                     incumbent, improved = score, True
                     break
-        tuning = Tuning(self.obj, baseline, incumbent, cm, self.bound, history, stopped_because=stopped)
+        tuning = Tuning(self.obj, baseline, incumbent, cm, self.bound, stopped_because=stopped)
         if incumbent.passed:
             self._protect_and_confirm(tuning, cm)
         return tuning

@@ -19,7 +19,9 @@ window after a change is worse (higher mean latency at a similar rate, or more f
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -29,8 +31,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonkit.clients import Client, TritonRequestError
-from tritonkit.errors import ServerError
+from tritonkit.errors import ServerError, input_error
 from tritonkit.files import write_bytes_atomic
+from tritonkit.loadtests.results import SCHEMA
 from tritonkit.loadtests.server_stats import breakdown
 from tritonkit.spec import parse_spec
 from tritonkit.tuner.costmodel import CostModel, batch_for_rate, batch_points, delay_for, fit
@@ -224,8 +227,6 @@ def run_online(spec_path: Path, model: str, url: str, settings: OnlineSettings, 
     spec = parse_spec(spec_path)
     slo = p95_ms or spec.model(model).slo.p95_ms
     if not slo:
-        from tritonkit.errors import input_error
-
         raise input_error(spec.shown, f"models[{model}].slo.p95_ms", "the online tuner needs a P95 SLO",
                           "set slo.p95_ms or pass --p95-ms")
     headers = key_headers if key_headers is not None else _key_headers(spec)
@@ -255,16 +256,12 @@ def run_online(spec_path: Path, model: str, url: str, settings: OnlineSettings, 
 
 
 def _key_headers(spec) -> dict[str, str]:
-    import os
-
     key = spec.server.restricted_key
     value = os.environ.get(key.value_env, "")
     return {key.header: value} if value else {}
 
 
 def write_online_log(out_dir: Path, model: str, slo: float, state: OnlineState) -> None:
-    from tritonkit.loadtests.results import SCHEMA
-
     data = {"schema": SCHEMA, "kind": "tuner/online", "model": model, "slo_p95_ms": slo,
             "changes": state.changes, "rollbacks": state.rollbacks, "windows": [asdict(w) for w in state.windows]}
     write_bytes_atomic(out_dir / "online.json", json.dumps(data, indent=2).encode())
@@ -273,9 +270,7 @@ def write_online_log(out_dir: Path, model: str, slo: float, state: OnlineState) 
 
 def plot_online(path: Path, windows: list[Window], slo: float, client_p95: list[tuple[float, float]] = ()) -> None:
     """Rate, latency and the delay in force per window; `client_p95` adds what a load test saw."""
-    import io
-
-    import matplotlib
+    import matplotlib  # here, not at the top: the sidecar's loop never needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
