@@ -11,9 +11,9 @@ from pathlib import Path
 
 import onnx
 
-from tritonkit.onnx_io import ONNX_TO_TRITON
+from tritonkit.onnx_io import ONNX_TO_TRITON, graph_inputs
 
-from .load import dims, graph_inputs, load_model
+from .load import dims, load_model
 from .plan import MIB, weight_bytes
 
 

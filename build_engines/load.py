@@ -8,6 +8,7 @@ from pathlib import Path
 import onnx
 
 from tritonkit.errors import input_error
+from tritonkit.onnx_io import OnnxReadError, load_checked
 
 FIX = "point onnx: at a valid ONNX file (re-export it; `tritonkit sample-model` writes one)"
 
@@ -18,14 +19,9 @@ def load_model(path: Path, file: str, at: str) -> onnx.ModelProto:
     if not path.is_file():
         raise input_error(file, at, f"{path}: file not found", FIX)
     try:
-        model = onnx.load(str(path))
-        onnx.checker.check_model(model)
-    except Exception as e:  # DecodeError for a truncated/corrupt file, ValidationError for a broken graph
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise input_error(file, at, f"{path} is not a usable ONNX model ({first})", FIX) from None
-    if not model.graph.output:
-        raise input_error(file, at, f"{path}: the graph has no outputs", FIX)
-    return model
+        return load_checked(path)
+    except OnnxReadError as e:
+        raise input_error(file, at, f"{path} is not a usable ONNX model ({e})", FIX) from None
 
 
 def sha256_file(path: Path) -> str:
@@ -34,12 +30,6 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    """Real inputs: old exporters also list initializers as graph inputs."""
-    init = {i.name for i in model.graph.initializer}
-    return [v for v in model.graph.input if v.name not in init]
 
 
 def dims(vi: onnx.ValueInfoProto) -> list[int | str]:

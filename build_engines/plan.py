@@ -23,10 +23,10 @@ import onnx
 from onnx import helper
 
 from tritonkit.errors import InputError, Problem
-from tritonkit.onnx_io import ONNX_TO_TRITON
+from tritonkit.onnx_io import ONNX_TO_TRITON, graph_inputs
 from tritonkit.spec import ModelSpec, Spec
 
-from .load import dims, graph_inputs
+from .load import dims
 
 MIB = 1 << 20
 SMALL_INIT_BYTES = 1024  # initializers at or below this keep their values (Reshape shapes and the like)

@@ -13,8 +13,9 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from tritonkit.errors import input_error
+from tritonkit.onnx_io import graph_inputs
 
-from .load import dims, graph_inputs
+from .load import dims
 
 BATCH = "batch"  # symbolic name given to a batch axis that was exported fixed
 

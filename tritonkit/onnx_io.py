@@ -37,7 +37,7 @@ class GraphIO:
 
 
 class OnnxReadError(Exception):
-    pass
+    """An ONNX file that cannot be used; the message says why in one line."""
 
 
 def _tensor(vi: onnx.ValueInfoProto) -> GraphTensor:
@@ -46,19 +46,30 @@ def _tensor(vi: onnx.ValueInfoProto) -> GraphTensor:
     return GraphTensor(vi.name, ONNX_TO_TRITON.get(tt.elem_type), dims)
 
 
-@functools.lru_cache(maxsize=16)
-def _read(path: str, mtime_ns: int, size: int) -> GraphIO:
+def load_checked(path: Path, external_data: bool = True) -> onnx.ModelProto:
+    """Load and check an ONNX file: the one rule for "usable", shared with `tritonkit build`.
+    Raises OnnxReadError with the first line of what was wrong."""
     try:
-        model = onnx.load(path, load_external_data=False)
+        model = onnx.load(str(path), load_external_data=external_data)
         onnx.checker.check_model(model)
     except Exception as e:  # protobuf DecodeError, ValidationError, OSError: all mean "not usable"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise OnnxReadError(first[:200]) from None
     if not model.graph.output:
         raise OnnxReadError("the graph has no outputs")
+    return model
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Real inputs: old exporters also list initializers as graph inputs."""
     init = {i.name for i in model.graph.initializer}
-    inputs = tuple(_tensor(v) for v in model.graph.input if v.name not in init)
-    return GraphIO(inputs, tuple(_tensor(v) for v in model.graph.output))
+    return [v for v in model.graph.input if v.name not in init]
+
+
+@functools.lru_cache(maxsize=16)
+def _read(path: str, mtime_ns: int, size: int) -> GraphIO:
+    model = load_checked(Path(path), external_data=False)  # shapes only: the weights can stay on disk
+    return GraphIO(tuple(_tensor(v) for v in graph_inputs(model)), tuple(_tensor(v) for v in model.graph.output))
 
 
 def read_io(path: Path) -> GraphIO:

@@ -186,7 +186,7 @@ class Search:
                     k = Knobs(b, on_ladder(delay_for(cm, b, rate, self.obj.slo_p95_ms)), instances)
                     score = -predict_p95(cm, k, rate)
                 else:
-                    rate = 0.8 * cm.capacity(b, instances)
+                    rate = self.predicted_rate(cm, Knobs(b, 0, instances))
                     k = Knobs(b, on_ladder(delay_for(cm, b, rate, self.obj.slo_p95_ms)), instances)
                     score = rate if cm.p95_ms(b, k.delay_us) <= self.obj.slo_p95_ms else 0.0
                 out.append((score, k))
@@ -194,6 +194,7 @@ class Search:
         return out
 
     def predicted_rate(self, cm: CostModel, k: Knobs) -> float:
+        """The rate a config should sustain: 80% of its capacity (queueing near 100% breaks any SLO)."""
         return 0.8 * cm.capacity(k.max_batch, k.instances)
 
     # -- the whole search ------------------------------------------------------------------------

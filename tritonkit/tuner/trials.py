@@ -10,6 +10,7 @@ Safety rules, all here:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable
@@ -18,8 +19,9 @@ from pathlib import Path
 
 from tritonkit.configs.generate import generate_from
 from tritonkit.errors import InputError, KitError, ServerError
-from tritonkit.loadtests.load import Load
-from tritonkit.loadtests.results import measure_grpc
+from tritonkit.loadtests.asyncgen import run_load
+from tritonkit.loadtests.load import Load, RequestClass
+from tritonkit.loadtests.results import build_result
 from tritonkit.serving import Running, running
 from tritonkit.spec import Spec
 from tritonkit.tuner.knobs import Knobs
@@ -148,13 +150,10 @@ class Trials:
             trial.note = refused
         else:
             try:
-                with self.server.r.client() as c:
-                    before = c.statistics(self.model)
-                result = measure_grpc(self.server.r.endpoints.grpc, self.model, load)
-                with self.server.r.client() as c:
-                    after = c.statistics(self.model)
-                self._fill(trial, result)
-                trial.batch_stats = (before, after)
+                # run_load reads Triton's statistics at the window's edges: the cost model's input too
+                out = asyncio.run(run_load(self.server.r.endpoints.grpc, self.model, load))
+                self._fill(trial, build_result(self.model, load, [RequestClass()], out))
+                trial.batch_stats = (out.stats_before or {}, out.stats_after or {})
                 self.good, self.good_spec = k, self._applied
             except KitError as e:
                 trial.note = f"measurement failed: {str(e)[:200]}"
