@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -77,6 +78,44 @@ def test_serve_infer_and_sigterm_leave_no_process(workdir):
     assert not [p for p in _stubs_under(workdir / "state") if p.is_running()
                 and p.status() != psutil.STATUS_ZOMBIE], "stubs outlived the server"
     assert not (workdir / "state/server.json").exists()
+
+
+def _kit(workdir: Path, *args: str) -> subprocess.Popen:
+    exe = Path(sys.executable).parent / "tritonkit"
+    return subprocess.Popen([str(exe), *args], cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _wait_for_server(kit: subprocess.Popen, state: Path, timeout: float = 120) -> list[psutil.Process]:
+    """The server that `kit` started and its stubs, once the server wrote its state and a stub runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert kit.poll() is None, f"the command exited with {kit.returncode} before its server was up"
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            server = psutil.Process(json.loads((state / "server.json").read_text())["pid"])
+            family = [server, *server.children(recursive=True)]
+            if len(family) > 1:
+                return family
+        time.sleep(0.2)
+    kit.kill()
+    raise AssertionError("no server with a stub came up")
+
+
+@pytest.mark.parametrize("command", [
+    ["serve", "--spec", "deploy.yaml", "--repo", "repo", "--state-dir", "state"],
+    ["loadtest", "--spec", "deploy.yaml", "--repo", "repo", "--state-dir", "state", "--model", "m",
+     "--rate", "20", "--duration", "120", "--engine", "asyncio", "--out", "out"],
+], ids=["serve", "loadtest"])
+def test_a_killed_kit_command_leaves_no_server_behind(workdir, command):
+    """SIGKILL (or the OOM killer) gives the kit no chance to stop its server: the server goes
+    with it all the same, and its python-backend stubs follow, within 5 s."""
+    write_spec(workdir, SMALL)
+    kit = _kit(workdir, *command)
+    family = _wait_for_server(kit, workdir / "state")
+    kit.kill()
+    kit.wait(10)
+    gone, alive = psutil.wait_procs(family, timeout=5)
+    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"outlived the killed command by 5 s: {[(p.pid, p.name()) for p in alive]}"
 
 
 def test_port_in_use_is_one_clear_message(workdir):

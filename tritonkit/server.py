@@ -156,6 +156,31 @@ def _stub_env(install: Install) -> dict[str, str]:
     return env
 
 
+# A small process that blocks reading a pipe whose only writer is the kit process. The kernel
+# closes the pipe however the kit ends (exit, SIGKILL, the OOM killer); the watchdog then kills
+# the server's whole process group, python-backend stubs included, so no server outlives the kit.
+WATCHDOG = """
+import os, signal, sys
+while os.read(0, 1):
+    pass
+try:
+    os.killpg(int(sys.argv[1]), signal.SIGKILL)
+except OSError:
+    pass
+"""
+
+
+def _watch_group(pgid: int) -> int:
+    """Start the watchdog of process group `pgid`; returns the pipe's write end, held until stop()."""
+    read_end, write_end = os.pipe()  # not inherited by other children (PEP 446)
+    try:
+        subprocess.Popen([sys.executable, "-I", "-S", "-c", WATCHDOG, str(pgid)], stdin=read_end,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        os.close(read_end)
+    return write_end
+
+
 class LocalTriton:
     """One tritonserver process with explicit model control. Use as a context manager, or call
     start() and stop(). stop() signals the server by its own pid, then sweeps its process group
@@ -173,6 +198,7 @@ class LocalTriton:
                        "grpc_port": grpc_port if grpc_port is not None else server.grpc_port,
                        "metrics_port": metrics_port if metrics_port is not None else server.metrics_port}
         self.proc: subprocess.Popen | None = None
+        self._watchdog: int | None = None  # see WATCHDOG
         self.endpoints: Endpoints | None = None
         self.log_path = self.state_dir / "tritonserver.log"
 
@@ -230,6 +256,7 @@ class LocalTriton:
                                          env=_stub_env(install), start_new_session=True)
         finally:
             log.close()
+        self._watchdog = _watch_group(self.proc.pid)
         self.endpoints = Endpoints(self.server.host, ports["http_port"], ports["grpc_port"], ports["metrics_port"],
                                    key[0], key[1], self.proc.pid)
         try:
@@ -275,8 +302,15 @@ class LocalTriton:
         (self.state_dir / STATE_FILE).chmod(0o600)  # it holds the repository-API key
 
     # -- stop --------------------------------------------------------------------------------
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    def alive(self, grace_s: float = 0.0) -> bool:
+        """Is the server running? With `grace_s`, a server that is dying (a client already saw its
+        socket close) is given that long to exit, so that its death is not taken for an answer."""
+        if self.proc is None:
+            return False
+        if grace_s:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(grace_s)
+        return self.proc.poll() is None
 
     def stop(self, timeout: float = 20.0) -> None:
         if self.proc is None:
@@ -295,6 +329,9 @@ class LocalTriton:
         # left behind by a server that was killed rather than shut down.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
+        if self._watchdog is not None:  # its job is done: let it exit
+            os.close(self._watchdog)
+            self._watchdog = None
         (self.state_dir / STATE_FILE).unlink(missing_ok=True)
         self.proc = None
 

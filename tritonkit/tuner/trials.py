@@ -78,8 +78,8 @@ class LocalServer:
                                                    ports=ports, log=self.log))
         return self.r
 
-    def alive(self) -> bool:
-        return self.r is not None and self.r.server.alive()
+    def alive(self, grace_s: float = 0.0) -> bool:
+        return self.r is not None and self.r.server.alive(grace_s)
 
     def restart(self) -> Running:
         self.close()
@@ -118,7 +118,7 @@ class Trials:
         try:
             self.server.r.load(self.model)
         except ServerError as e:
-            alive = self.server.alive()
+            alive = self.server.alive(grace_s=1.0)  # a refusal, or the server dying under the load call?
             reason = f"Triton refused it: {str(e)[:300]}" if alive else "tritonserver died while loading it"
             self.log(f"    {reason}; back to the last-known-good config")
             self._recover()
