@@ -27,7 +27,7 @@ help:
 	@echo "make gpu-check on an NVIDIA machine: build, verify and time the sample model's engine"
 	@echo "make clean     remove everything generated"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'

@@ -7,6 +7,7 @@ kubernetes-validate for the oldest supported Kubernetes and the newest one it kn
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 import shutil
@@ -33,14 +34,12 @@ class ValuesRejected(KitError):
 
 
 def chart_dir() -> Path:
-    """helm/triton-edge in the kit's checkout (the kit is installed editable from its clone), else
-    in the working directory."""
-    for base in (Path(__file__).resolve().parent.parent, Path.cwd()):
-        d = base / "helm" / CHART_NAME
-        if (d / "Chart.yaml").is_file():
-            return d
-    raise KitError(f"chart helm/{CHART_NAME} not found beside the kit or in {Path.cwd()} "
-                   "(fix: run from the triton-edge-kit checkout or pass --chart)")
+    """The chart shipped with the kit as package data of `tritonkit.helm`: the checkout's
+    helm/triton-edge for an editable install, site-packages for a wheel."""
+    d = Path(str(importlib.resources.files("tritonkit.helm") / CHART_NAME))
+    if not (d / "Chart.yaml").is_file():
+        raise KitError(f"the kit's chart is missing from {d} (fix: reinstall triton-edge-kit, or pass --chart)")
+    return d
 
 
 def helm_binary() -> str | None:
