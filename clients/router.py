@@ -28,6 +28,7 @@ import math
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -128,7 +129,10 @@ class AsyncRouter:
     """Use inside a running event loop: `async with AsyncRouter([edge, remote]) as r: await r.infer(...)`."""
 
     def __init__(self, urls: list[str], policy: RouterPolicy | None = None, *, coalesce: bool = False,
-                 protocol: str = "grpc", seed: int | None = None):
+                 protocol: str = "grpc", seed: int | None = None, clock: Callable[[], float] = time.monotonic,
+                 connect: Callable[[str, str], AsyncClient] = AsyncClient):
+        """`clock` times the estimates, breakers and exploration; `connect(url, protocol)` opens an
+        endpoint's client. Both are there so that the decisions can be tested without a server."""
         if not urls:
             raise input_error("router", "urls", "no endpoint given", "pass one or more HOST:PORT, edge first")
         if len(set(urls)) != len(urls):
@@ -136,8 +140,9 @@ class AsyncRouter:
         self.policy = p = policy or RouterPolicy()
         self.protocol = protocol
         roles = ["edge"] + (["remote"] if len(urls) == 2 else [f"remote{i}" for i in range(1, len(urls))])
-        self.endpoints = [Endpoint(u, roles[i], i, CircuitBreaker(p.breaker_failures, p.breaker_cooldown_s),
-                                   LatencyWindow(p.window_s)) for i, u in enumerate(urls)]
+        self._clock, self._connect = clock, connect
+        self.endpoints = [Endpoint(u, roles[i], i, CircuitBreaker(p.breaker_failures, p.breaker_cooldown_s, clock),
+                                   LatencyWindow(p.window_s, clock=clock)) for i, u in enumerate(urls)]
         self._flight = SingleFlight() if coalesce else None
         self._rng = random.Random(seed)
         self._pinger: asyncio.Task | None = None
@@ -147,7 +152,7 @@ class AsyncRouter:
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> AsyncRouter:
         for ep in self.endpoints:
-            ep.client = AsyncClient(ep.url, self.protocol)
+            ep.client = self._connect(ep.url, self.protocol)
         # a first RTT before the first choice; the unrecorded ping before it opens the channel,
         # whose connection setup is no part of the round trip
         await asyncio.gather(*(self._ping(ep, record=False) for ep in self.endpoints))
@@ -235,7 +240,7 @@ class AsyncRouter:
         if len(candidates) > 1 and self._rng.random() < self.policy.explore:
             # under heavy load a flat 5% would be a lot of traffic to a slow remote; a fresh
             # sample every explore_interval_s is all the estimate needs
-            since = time.monotonic() - self.policy.explore_interval_s
+            since = self._clock() - self.policy.explore_interval_s
             stale = [ep for ep in candidates if ep is not best and ep.window.newest() <= since]
             if stale:
                 best = self._rng.choice(stale)
