@@ -78,12 +78,34 @@ SERVED_SPEC = {
             "batching": {"preferred_batch_sizes": [4], "max_queue_delay_us": 1000, "priority_levels": 2,
                          "default_priority": 2, "default_queue_policy": {"max_queue_size": 24}},
         },
+        # Tests that change a model's config each have a model of their own (reloadable, sweepable,
+        # online, online_rules), so the order of tests never matters; the others only read.
+        {
+            "name": "steady",
+            "onnx": "onnx/mlp.onnx",
+            "max_batch_size": 8,
+            "batching": {"max_queue_delay_us": 1000},
+        },
+        {
+            "name": "sweepable",
+            "onnx": "onnx/mlp.onnx",
+            "max_batch_size": 8,
+            "batching": {"max_queue_delay_us": 1000},
+        },
         {
             # the online tuner's: a 20 ms queue delay misses a 15 ms SLO at light load
             "name": "online",
             "onnx": "onnx/mlp_big.onnx",
             "max_batch_size": 16,
             "instances": {"count": 2},
+            "batching": {"preferred_batch_sizes": [16], "max_queue_delay_us": 20000},
+            "slo": {"p95_ms": 15},
+        },
+        {
+            # the online controller's rules, applied through model control
+            "name": "online_rules",
+            "onnx": "onnx/mlp.onnx",
+            "max_batch_size": 16,
             "batching": {"preferred_batch_sizes": [16], "max_queue_delay_us": 20000},
             "slo": {"p95_ms": 15},
         },

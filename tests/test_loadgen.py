@@ -30,7 +30,7 @@ def test_overload_the_higher_priority_class_has_the_lower_p95(served, tmp_path):
 
 
 def test_moderate_load_is_served_and_the_generator_keeps_up(served):
-    result = measure(served.endpoints, "reloadable", Load(rate=100, duration_s=3, warmup_s=0.5))
+    result = measure(served.endpoints, "steady", Load(rate=100, duration_s=3, warmup_s=0.5))
     overall = result["overall"]
     assert overall["ok"] == overall["requests"] > 200
     assert not result["generator"]["saturated"], result["generator"]
@@ -40,7 +40,7 @@ def test_moderate_load_is_served_and_the_generator_keeps_up(served):
 def test_generator_saturation_is_reported(served):
     """Ask for far more than one Python process can send: the run says the generator, not the
     server, was the limit."""
-    result = measure(served.endpoints, "reloadable", Load(rate=20000, duration_s=2, warmup_s=0.5))
+    result = measure(served.endpoints, "steady", Load(rate=20000, duration_s=2, warmup_s=0.5))
     gen = result["generator"]
     assert gen["saturated"] and "load generator, not the server" in gen["warning"]
     assert gen["achieved_rate"] < 20000 * 0.9
@@ -51,7 +51,7 @@ def test_sweep_reloads_each_row_writes_the_report_and_restores_the_config(served
     from tritonkit.spec import load_spec
 
     spec = load_spec(served.spec_path)
-    files = sweep(served, spec, served.repo, "reloadable", Load(rate=300, duration_s=1.5, warmup_s=0.5),
+    files = sweep(served, spec, served.repo, "sweepable", Load(rate=300, duration_s=1.5, warmup_s=0.5),
                   tmp_path, batch_sizes=(1, 4), log=lambda s: None)
     rows = json.loads(files["sweep.json"].read_text())["rows"]
     assert [r["max_batch_size"] for r in rows] == [1, 4]
@@ -60,4 +60,4 @@ def test_sweep_reloads_each_row_writes_the_report_and_restores_the_config(served
     for name in ("sweep.csv", "throughput.png", "latency.png", "decomposition.png", "report.md"):
         assert files[name].stat().st_size > 0
     with served.client() as c:  # the spec's own config is serving again
-        assert c.config("reloadable").max_batch_size == spec.model("reloadable").max_batch_size
+        assert c.config("sweepable").max_batch_size == spec.model("sweepable").max_batch_size

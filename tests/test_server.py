@@ -144,7 +144,7 @@ def test_runner_matches_onnxruntime(served, onnx_dir):
     session = ort.InferenceSession(str(onnx_dir / "mlp.onnx"), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(3).standard_normal((4, 256)).astype(np.float32)
     with served.client() as c:
-        got = c.infer("reloadable", {"input": x})["output"]
+        got = c.infer("steady", {"input": x})["output"]
     np.testing.assert_allclose(got, session.run(None, {"input": x})[0], rtol=1e-4, atol=1e-5)
 
 
@@ -173,7 +173,9 @@ def test_reload_with_changed_config_under_load_loses_no_request(served):
         loop.call_soon_threadsafe(stop.set)
         t.join(60)
         loop.close()
-        write_spec(served.spec_path.parent, SERVED_SPEC)
+        # the spec's own config back in the repository and in force
+        generate(write_spec(served.spec_path.parent, SERVED_SPEC), served.repo, models=["reloadable"])
+        served.load("reloadable")
     result = box["result"]
     print(f"reload under load: {result.sent} sent, {result.ok} ok")
     assert result.sent > 50, "the load did not overlap the reloads"
