@@ -72,11 +72,17 @@ SERVED_SPEC = {
             "batching": {"max_queue_delay_us": 20000, "preferred_batch_sizes": [4]},
         },
         {
+            # Two instances: with one, Triton 2.51's batcher misses the wake-up when an instance
+            # frees up while a queue policy is set, and stalls up to 500 ms (README, Overload), which
+            # would drown the priority ordering this model is for.
             "name": "prio",
-            "onnx": "onnx/mlp_big.onnx",
-            "max_batch_size": 4,
-            "batching": {"preferred_batch_sizes": [4], "max_queue_delay_us": 1000, "priority_levels": 2,
-                         "default_priority": 2, "default_queue_policy": {"max_queue_size": 24}},
+            "onnx": "onnx/mlp_slow.onnx",
+            # A slow model, one request per execution: the tests' 1500 req/s are a hard overload
+            # on any machine and well within what the load generators send on a busy one, so the
+            # queue is always full and the order in it decides the latency.
+            "max_batch_size": 1,
+            "instances": {"count": 2},
+            "batching": {"priority_levels": 2, "default_priority": 2, "default_queue_policy": {"max_queue_size": 24}},
         },
         # Tests that change a model's config each have a model of their own (reloadable, sweepable,
         # online, online_rules), so the order of tests never matters; the others only read.
@@ -125,6 +131,7 @@ def onnx_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("onnx_models")
     models.mlp(d / "mlp.onnx", width=256, layers=2)
     models.mlp(d / "mlp_big.onnx", width=1024, layers=4)
+    models.mlp(d / "mlp_slow.onnx", width=2048, layers=4)
     models.seq_mean(d / "seq_mean.onnx")
     models.two_input_int64(d / "two_input.onnx")
     models.lookup(d / "lookup.onnx")
