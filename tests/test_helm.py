@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from tests.conftest import REPO_ROOT, tritonkit, write_spec
-from tritonkit import deploy as kit_deploy
-from tritonkit import helm_chart
+from tritonkit.helm import chart as helm_chart
+from tritonkit.helm import deploy as kit_deploy
 from tritonkit.spec import load_spec
 
 CHART = REPO_ROOT / "helm" / "triton-edge"

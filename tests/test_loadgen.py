@@ -47,8 +47,8 @@ def test_generator_saturation_is_reported(served):
 
 
 def test_sweep_reloads_each_row_writes_the_report_and_restores_the_config(served, tmp_path):
-    from tritonkit.loadtests.sweep import sweep
     from tritonkit.spec import load_spec
+    from tritonkit.tuner.sweep import sweep
 
     spec = load_spec(served.spec_path)
     files = sweep(served, spec, served.repo, "reloadable", Load(rate=300, duration_s=1.5, warmup_s=0.5),

@@ -135,7 +135,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def cmd_deploy(a: argparse.Namespace) -> int:
-    from tritonkit.deploy import deploy
+    from tritonkit.helm.deploy import deploy
 
     if a.dry_run and a.out is None:
         a.out = Path("out/deploy")
@@ -282,7 +282,7 @@ def cmd_route(a: argparse.Namespace) -> int:
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:
-    from tritonkit.loadtests.sweep import BATCH_SIZES, sweep
+    from tritonkit.tuner.sweep import BATCH_SIZES, sweep
 
     load = _load_args(a)
     spec, ctx = _served(a)

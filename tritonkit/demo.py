@@ -15,11 +15,11 @@ from tritonkit.clients.burst import burst
 from tritonkit.configs.generate import generate
 from tritonkit.loadtests.load import Load, RequestClass
 from tritonkit.loadtests.results import format_result, measure_by, write_result
-from tritonkit.loadtests.sweep import sweep
 from tritonkit.serving import running
 from tritonkit.spec import load_spec, parse_spec
 from tritonkit.stats import batch_histogram, summary_ms
 from tritonkit.tuner.run import tune_offline
+from tritonkit.tuner.sweep import sweep
 
 
 def say(msg: str = "") -> None:

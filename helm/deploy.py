@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from tritonkit import helm_chart
 from tritonkit.errors import InputError, KitError, Problem
+from tritonkit.helm import chart as helm_chart
 from tritonkit.spec import Spec, parse_spec
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}  # the spec's 0 (a free port) means nothing in a pod
