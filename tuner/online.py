@@ -3,7 +3,7 @@ to the traffic a live server sees, within guardrails.
 
 Every window it reads Triton's statistics (exact deltas: request rate, mean queue and compute
 time, mean batch, failures) and refits the cost model from the per-batch-size statistics. The
-setpoint follows DESIGN.md: the smallest batch that serves the current rate at 70% utilisation,
+setpoint follows ARCHITECTURE.md (the tuner): the smallest batch that serves the current rate at 70% utilisation,
 and the delay that the rate fills (E[B] = λW) within the SLO budget (W + 2T(B) <= P95 SLO).
 
 Why statistics and not the summary quantiles: Triton's summary P95 covers a long window. After
@@ -35,7 +35,7 @@ from tritonkit.errors import ServerError, input_error
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.loadtests.server_stats import breakdown
-from tritonkit.spec import parse_spec
+from tritonkit.spec import Spec
 from tritonkit.tuner.costmodel import CostModel, batch_for_rate, batch_points, delay_for, fit
 
 
@@ -218,13 +218,12 @@ class Controller:
         return True
 
 
-def run_online(spec_path: Path, model: str, url: str, settings: OnlineSettings, *,
+def run_online(spec: Spec, model: str, url: str, settings: OnlineSettings, *,
                repo: Path | None = None, p95_ms: float | None = None, duration_s: float | None = None,
                out_dir: Path | None = None, key_headers: dict[str, str] | None = None,
                log: Callable[[str], None] = print) -> OnlineState:
     """Watch and adjust until `duration_s` passes or Ctrl-C. The spec is only read for the SLO
     (no ONNX file is needed: the sidecar runs next to the server, not next to the models)."""
-    spec = parse_spec(spec_path)
     slo = p95_ms or spec.model(model).slo.p95_ms
     if not slo:
         raise input_error(spec.shown, f"models[{model}].slo.p95_ms", "the online tuner needs a P95 SLO",

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import psutil
 
-from tritonkit.configs.generate import generate_from
+from tritonkit.configs.generate import generate
 from tritonkit.loadtests.load import Load, RequestClass
+from tritonkit.loadtests.measure import measure
 from tritonkit.loadtests.report import write_sweep_report
-from tritonkit.loadtests.results import measure
 from tritonkit.serving import Running
 from tritonkit.spec import Spec
 
@@ -85,7 +85,7 @@ def sweep(r: Running, spec: Spec, repo: Path, model: str, load: Load, out_dir: P
     try:
         for delay in delays:
             for b in batch_sizes:
-                generate_from(variant(spec, model, b, delay), repo, models=[model])
+                generate(variant(spec, model, b, delay), repo, models=[model])
                 r.load(model)
                 with PeakRss(r.server.proc.pid) as rss:
                     result = measure(r.endpoints, model, load, classes)
@@ -96,7 +96,7 @@ def sweep(r: Running, spec: Spec, repo: Path, model: str, load: Load, out_dir: P
                     f"{row['throughput_rps']:7.1f} req/s  P95 {row['p95_ms']:7.2f} ms  "
                     f"peak RSS {row['peak_rss_mb']:.0f} MB{note}")
     finally:
-        generate_from(spec, repo, models=[model])  # back to what the spec says
+        generate(spec, repo, models=[model])  # back to what the spec says
         if r.server.alive():
             r.load(model)
     m = spec.model(model)

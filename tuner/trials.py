@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tritonkit.configs.generate import generate_from
+from tritonkit.configs.generate import generate
 from tritonkit.errors import InputError, KitError, ServerError
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, RequestClass
@@ -112,7 +112,7 @@ class Trials:
             return None
         candidate = k.apply(self.spec, self.model)
         try:
-            generate_from(candidate, self.repo, models=[self.model])
+            generate(candidate, self.repo, models=[self.model])
         except InputError as e:  # the kit's own rules refuse it: nothing was written
             return f"refused by the rules: {e}"
         try:
@@ -128,7 +128,7 @@ class Trials:
 
     def _recover(self) -> None:
         """Write the last-known-good config back and serve it, restarting the server if it died."""
-        generate_from(self.good_spec, self.repo, models=[self.model])
+        generate(self.good_spec, self.repo, models=[self.model])
         if not self.server.alive():
             self.restarts += 1
             if self.restarts > 3:
