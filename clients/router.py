@@ -2,7 +2,7 @@
 
 The first URL is the edge (local) server by convention, the others remote. Per endpoint the
 router keeps `P95(service) + rtt` (see endpoint.py) and sends a request where that is lowest,
-which is DESIGN.md's `min(L_edge, L_remote + L_net)`. Each request has one deadline:
+which is ARCHITECTURE.md's `min(L_edge, L_remote + L_net)`. Each request has one deadline:
 
     choose ──► attempt ──ok──► answer
                   │  error / no answer within k x its expected latency

@@ -20,7 +20,7 @@ from tritonkit.configs.generate import generate
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.spec import Spec
-from tritonkit.tuner.knobs import Knobs, from_spec, grid
+from tritonkit.tuner.knobs import Knobs, batch_sizes, from_spec, grid
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.offline import RATE_STEP, Score, Search, confirm
 from tritonkit.tuner.run import max_batch_bound, objective_for
@@ -70,7 +70,7 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
             tuning = Search(tuner_trials, objective, bound, max_trials, log).run(from_spec(spec.model(model)))
             tuner_s = time.perf_counter() - t0
 
-            points = grid(bound)
+            points = grid(batch_sizes(bound))
             log(f"==== the grid: {len(points)} configs")
             t0, grid_trials = time.perf_counter(), trials()
             scores = [grid_capacity(grid_trials, k) for k in points]
