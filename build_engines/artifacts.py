@@ -4,8 +4,9 @@
     <repo>/<model>/build/build.json   metadata: source hash, plan, verification, engine facts
     <repo>/<model>/1/model.plan       the TensorRT engine (GPU machines only)
 
-`configs` copies the prepared graph into the version folder, takes max_batch_size and the
-profile mapping from the plan, and refuses an engine that does not fit the spec or this machine.
+`configs.loader` swaps the prepared graph in (prepared_spec); `configs` copies it into the
+version folder, takes max_batch_size and the profile mapping from the plan, and refuses an
+engine that does not fit the spec or this machine.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import hashlib
 import json
 from pathlib import Path
 
-from tritonkit.errors import InputError, Problem
-from tritonkit.spec import ModelSpec, Spec, parse_spec
+from tritonkit.errors import Problem
+from tritonkit.spec import ModelSpec, Spec
 
-from .gpu import Target
+from .gpu import Target, target
 from .load import sha256_file
+from .plan import serving_max_batch
 
 FORMAT = 1  # bump when prepare/plan change what they produce, so old builds are redone
 BUILD_DIR = "build"
@@ -99,20 +101,6 @@ def prepared_spec(spec: Spec, out: Path) -> Spec:
     return spec
 
 
-def load_served_spec(spec_path: Path, repo: Path) -> Spec:
-    """The spec as `repo` serves it: parsed, with the graphs `tritonkit build` prepared swapped in,
-    then every rule checked. `configs` generates from the prepared graph, so whatever loads the
-    spec to serve, measure or validate the same repository must check that graph too, or a batch-1
-    export that `build` made dynamic would be refused after the fact."""
-    from tritonkit.configs.rules import spec_problems
-
-    spec = prepared_spec(parse_spec(spec_path), Path(repo))
-    problems = spec_problems(spec)
-    if problems:
-        raise InputError(problems)
-    return spec
-
-
 def engine_mismatch(engine: dict, target: Target) -> str | None:
     """Why an engine cannot run on `target` (None when it can, or when the target is unknown here)."""
     if target.trt_version and engine.get("trt_version") != target.trt_version:
@@ -137,8 +125,6 @@ def engine_mismatch(engine: dict, target: Target) -> str | None:
 def serving_batch(spec: Spec, m: ModelSpec, out: Path | None, runtime: str) -> tuple[int, tuple[int, ...]]:
     """max_batch_size and the instance-group profile list for `configs`: the plan's max batch,
     or, for a TensorRT model whose engine was built for this spec, the engine's profile max."""
-    from .plan import serving_max_batch
-
     max_batch = serving_max_batch(spec, m)
     record = read_record(out, m.name) if out is not None and runtime == "tensorrt" else None
     if not record or not record.get("engine"):
@@ -158,8 +144,6 @@ def _source_sha(spec: Spec, m: ModelSpec, out: Path, record: dict) -> str | None
 
 
 def _fresh(record: dict, spec: Spec, m: ModelSpec, out: Path) -> bool:
-    from .gpu import target
-
     return record.get("key") == build_key(_source_sha(spec, m, out, record) or "", m, target())
 
 
@@ -181,8 +165,6 @@ def serving_problems(spec: Spec, m: ModelSpec, out: Path, runtime: str, max_batc
                                 f"({record.get('engine_skipped')})", fix))
     if runtime != "tensorrt" or not record or not record.get("engine"):
         return problems
-    from .gpu import target
-
     engine = record["engine"]
     where = engine_path(out, m.name)
     if record.get("source", {}).get("sha256") != _source_sha(spec, m, out, record):

@@ -1,4 +1,5 @@
-"""`tritonkit build`: per model, prepare -> plan -> verify -> engine -> record, then the configs.
+"""`tritonkit build`: per model, prepare -> plan -> verify -> engine -> record. It returns what it
+built; the caller writes the configs from it (`configs.steps`), so data flows one way.
 
 Everything is computed in memory first; files are written atomically at the end of each model,
 the record last, so an interrupted or failed build leaves the previous build intact (or none)
@@ -7,6 +8,7 @@ and the next run redoes it. An unchanged build key skips the model without touch
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -18,13 +20,14 @@ import onnx
 from tritonkit.errors import InputError, Problem
 from tritonkit.files import write_bytes_atomic
 from tritonkit.onnx_io import ONNX_TO_TRITON, GraphIO, GraphTensor, check_against_graph
-from tritonkit.spec import ModelSpec, Spec, parse_spec
+from tritonkit.spec import ModelSpec, Spec
 
 from . import artifacts
 from .gpu import Target, target
 from .load import load_model, sha256_file
 from .plan import MIB, Plan, make_plan, model_at
 from .prepare import REFUSE_FIX, prepare
+from .trt_build import EngineBuildError, build_engine, verify_engine
 from .verify import VerifyError, summary, verify_prepared
 
 DEFAULT_CACHE = Path(".tritonkit/trt-cache")  # outside the repository: Triton would take a folder there for a model
@@ -42,25 +45,16 @@ class ModelResult:
     runtime: str = ""
 
 
-def build(spec_path: Path, out: Path, models: list[str] | None = None, target_kind: str = "local",
-          cache_dir: Path = DEFAULT_CACHE, force: bool = False, log=print) -> list[ModelResult]:
-    from tritonkit.configs.generate import generate_from
-    from tritonkit.configs.rules import spec_problems
-
-    spec = parse_spec(spec_path)
-    # The ONNX files are checked below against the prepared graphs: a batch-1 export is fine here.
-    problems = spec_problems(spec, check_onnx=False)
-    if problems:
-        raise InputError(problems)
+def build(spec: Spec, out: Path, models: list[str] | None = None, cache_dir: Path = DEFAULT_CACHE,
+          force: bool = False, log=print) -> list[ModelResult]:
+    """Build each chosen model of a parsed spec (its rules checked without the ONNX graphs: a
+    batch-1 export is fine here, the graphs are checked against what `prepare` makes of them)."""
     chosen = [spec.model(n) for n in models] if models else spec.models
     here = target()
     results = []
     for k, m in enumerate(chosen, 1):
         prefix = f"[{k}/{len(chosen)}] {m.name}"
         results.append(build_model(spec, m, Path(out), here, Path(cache_dir), force, log, prefix))
-    reports = generate_from(spec, out, target_kind, [m.name for m in chosen])
-    for r, rep in zip(results, reports):
-        r.runtime = rep.runtime
     return results
 
 
@@ -166,8 +160,6 @@ def _verify(file: str, at: str, m: ModelSpec, original, prepared, plan: Plan):
 def _engine(spec: Spec, m: ModelSpec, prepared, prepared_bytes: bytes, plan: Plan, here: Target, cache_dir: Path,
             log, prefix: str):
     """Build, fit to the memory budget by TensorRT's own figure, verify. GPU machines only."""
-    from .trt_build import EngineBuildError, build_engine, verify_engine
-
     cache = cache_dir / f"timing-{here.gpu.compute_capability}-trt{here.trt_version}.cache"
     budget = plan.memory.budget_bytes
     for _attempt in range(3):
@@ -217,8 +209,6 @@ def _engine(spec: Spec, m: ModelSpec, prepared, prepared_bytes: bytes, plan: Pla
 
 
 def _sha_bytes(data: bytes) -> str:
-    import hashlib
-
     return hashlib.sha256(data).hexdigest()
 
 

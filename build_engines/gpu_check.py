@@ -13,6 +13,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from tritonkit import sample_model
+from tritonkit.spec import Batching, DeploySpec, ModelSpec, Spec
+
+from .gpu import target
+from .plan import make_plan
+from .trt_build import build_engine, verify_engine
+from .verify import random_feed
+
 OPT_BATCH = 8
 MAX_BATCH = 32
 RUNS = 50
@@ -30,8 +38,6 @@ def _median_ms(fn, feed, runs: int = RUNS) -> float:
 
 
 def main() -> int:
-    from .gpu import target
-
     here = target()
     if here.reason:
         print(f"gpu-check skipped: {here.reason}")
@@ -39,13 +45,6 @@ def main() -> int:
 
     import onnxruntime as ort
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
-
-    from tritonkit import sample_model
-    from tritonkit.spec import Batching, DeploySpec, ModelSpec, Spec
-
-    from .plan import make_plan
-    from .trt_build import build_engine, verify_engine
-    from .verify import random_feed
 
     with tempfile.TemporaryDirectory() as tmp:
         path = sample_model.write(Path(tmp) / "edge_mlp.onnx")

@@ -12,6 +12,7 @@ from pathlib import Path
 import onnx
 
 from tritonkit.onnx_io import ONNX_TO_TRITON, graph_inputs
+from tritonkit.spec import Spec
 
 from .load import dims, load_model
 from .plan import MIB, weight_bytes
@@ -70,15 +71,12 @@ def format_info(g: GraphInfo) -> str:
     return "\n".join(lines)
 
 
-def inspect_paths(paths: list[Path], spec_path: Path | None, models: list[str] | None) -> str:
+def inspect_paths(paths: list[Path], spec: Spec | None, models: list[str] | None) -> str:
     """The given files, or else every (chosen) model of the spec; errors name the spec field."""
-    from tritonkit.spec import parse_spec
-
     targets: list[tuple[Path, str, str]] = []
     if paths:
         targets = [(p, str(p), "") for p in paths]
     else:
-        spec = parse_spec(spec_path)
         chosen = [spec.model(n) for n in models] if models else spec.models
         for m in chosen:
             i = [x.name for x in spec.models].index(m.name)

@@ -8,7 +8,7 @@ with its profiles, so the two can never disagree:
 
 Activations are the peak of live tensors along the graph at batch B and the max per-sample
 shapes (ONNX shape inference, then a liveness walk), so dynamic shapes are sized for the largest
-shape, not the mean (DESIGN.md). On a GPU the engine build refines this with TensorRT's own
+shape, not the mean (ARCHITECTURE.md). On a GPU the engine build refines this with TensorRT's own
 device-memory figure (see build.py).
 """
 
@@ -26,7 +26,7 @@ from tritonkit.errors import InputError, Problem
 from tritonkit.onnx_io import ONNX_TO_TRITON, graph_inputs
 from tritonkit.spec import ModelSpec, Spec
 
-from .load import dims
+from .load import dims, load_model
 
 MIB = 1 << 20
 SMALL_INIT_BYTES = 1024  # initializers at or below this keep their values (Reshape shapes and the like)
@@ -356,8 +356,6 @@ def serving_max_batch(spec: Spec, m: ModelSpec, onnx_path=None) -> int:
     is read; with one, the plan's memory bound applies."""
     if m.max_batch_size == 0 or m.memory_budget_mb is None:
         return m.max_batch_size
-    from .load import load_model
-
     path = onnx_path or spec.onnx_path(m)
     model = load_model(path, spec.shown, f"{model_at(spec, m)}.onnx")
     return make_plan(spec, m, model).max_batch

@@ -19,6 +19,7 @@ from tritonkit.files import write_bytes_atomic
 from tritonkit.spec import BuildSpec
 
 from .plan import Plan
+from .verify import Check, compare, random_feed, session
 
 
 class EngineBuildError(KitError):
@@ -108,8 +109,6 @@ def verify_engine(data: bytes, onnx_model, plan: Plan, atol: float, rtol: float,
     profile's min/opt/max shapes (each run on its own profile)."""
     from polygraphy.backend.onnxrt import OnnxrtRunner
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
-
-    from .verify import Check, compare, random_feed, session
 
     checks = []
     ort_runner = OnnxrtRunner(lambda: session(onnx_model))

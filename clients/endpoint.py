@@ -3,7 +3,7 @@
 A request's latency seen by the client is network round trip plus service time (queue, compute,
 (de)serialisation). The two are kept apart: pings measure the round trip even when an endpoint
 gets no traffic, and each successful request adds `latency - rtt` to a window of service times.
-The endpoint's expected latency is `P95(service) + rtt`, the quantity DESIGN.md routes on:
+The endpoint's expected latency is `P95(service) + rtt`, the quantity ARCHITECTURE.md routes on:
 `min(L_edge, L_remote + L_net)`.
 """
 

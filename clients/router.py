@@ -2,7 +2,7 @@
 
 The first URL is the edge (local) server by convention, the others remote. Per endpoint the
 router keeps `P95(service) + rtt` (see endpoint.py) and sends a request where that is lowest,
-which is DESIGN.md's `min(L_edge, L_remote + L_net)`. Each request has one deadline:
+which is ARCHITECTURE.md's `min(L_edge, L_remote + L_net)`. Each request has one deadline:
 
     choose ──► attempt ──ok──► answer
                   │  error / no answer within k x its expected latency
@@ -38,7 +38,7 @@ from tritonkit.clients.client import AsyncClient, ModelMeta
 from tritonkit.clients.coalesce import SingleFlight, request_key
 from tritonkit.clients.endpoint import Endpoint, LatencyWindow
 from tritonkit.clients.errors import RequestTimeoutError, TritonRequestError, UnavailableError
-from tritonkit.errors import input_error
+from tritonkit.errors import InputError, flag_problem, input_error
 
 # The request itself is wrong: every endpoint would refuse it, so neither retry nor blame the endpoint.
 NOT_RETRYABLE = frozenset({"bad_input", "access_denied"})
@@ -71,6 +71,20 @@ class RouterPolicy:
     ping_interval_s: float = 0.5
     ping_timeout_s: float = 1.0
     window_s: float = 5.0  # how recent the service-time samples behind the P95 are
+
+    @classmethod
+    def from_flags(cls, deadline_ms: float, hedge: float, duplicates: float | None = None) -> RouterPolicy:
+        """The router flags of `loadtest --router` and `route`, each refused with its flag named.
+        (--duplicates shapes the traffic sent through the router; it is checked with them.)"""
+        checks = [(f"--deadline-ms {deadline_ms:g}", deadline_ms > 0, "give a deadline above 0 ms, e.g. 2000"),
+                  (f"--hedge {hedge:g}", 0 <= hedge <= 1, "give a share within 0..1, e.g. 0.05 for at most "
+                                                         "5% extra requests (0: no hedging)"),
+                  (f"--duplicates {duplicates or 0:g}", duplicates is None or 0 <= duplicates < 1,
+                   "give a share within 0..1 (below 1), e.g. 0.5 for half repeated payloads")]
+        for flag, ok, fix in checks:
+            if not ok:
+                raise InputError([flag_problem(flag, fix)])
+        return cls(deadline_s=deadline_ms / 1e3, hedge_budget=hedge)
 
     def __post_init__(self) -> None:
         checks = [

@@ -15,9 +15,12 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonkit import onnx_io
+from tritonkit.build_engines import gpu
+from tritonkit.build_engines.artifacts import serving_batch, serving_problems
+from tritonkit.configs.loader import check
 from tritonkit.errors import InputError, Problem
 from tritonkit.files import copy_file_atomic, write_bytes_atomic
-from tritonkit.spec import ModelSpec, QueuePolicy, Spec, TensorSpec, parse_spec
+from tritonkit.spec import ModelSpec, QueuePolicy, Spec, TensorSpec
 
 VERSION = "1"  # one served version per model; the repository is regenerated, not versioned by hand
 RUNNER_FILE = "runner_model.py"
@@ -41,9 +44,7 @@ class ResolvedModel:
 def gpu_present() -> bool:
     """TensorRT 10+ and a GPU the NVIDIA driver sees (Jetson's iGPU included): the one test of
     whether engines can be built and served here lives in `build_engines.gpu`."""
-    from tritonkit.build_engines.gpu import target
-
-    return target().reason is None
+    return gpu.target().reason is None
 
 
 def resolve_runtime(m: ModelSpec, target: str) -> str:
@@ -70,8 +71,6 @@ def _merge(declared: list[TensorSpec] | None, graph: tuple[onnx_io.GraphTensor, 
 
 
 def resolve(spec: Spec, m: ModelSpec, target: str = "local", out: Path | None = None) -> ResolvedModel:
-    from tritonkit.build_engines.artifacts import serving_batch
-
     path = spec.onnx_path(m)
     io = onnx_io.read_io(path)
     batched = m.max_batch_size > 0
@@ -187,8 +186,6 @@ def write_model(r: ResolvedModel, cfg: mc.ModelConfig, out: Path) -> WriteReport
 
 
 def _engine_problems(spec: Spec, resolved: list[ResolvedModel], out: Path) -> list[Problem]:
-    from tritonkit.build_engines.artifacts import serving_problems
-
     missing = [Problem(spec.shown, f"models[{spec.models.index(r.spec)}].runtime",
                        f"tensorrt needs the engine {out / r.spec.name / VERSION / 'model.plan'}, which does not exist",
                        "build it first (`tritonkit build`) or set runtime: onnxruntime")
@@ -198,22 +195,11 @@ def _engine_problems(spec: Spec, resolved: list[ResolvedModel], out: Path) -> li
     return missing + [p for r in resolved for p in serving_problems(spec, r.spec, out, r.runtime, r.max_batch_size)]
 
 
-def generate(spec_path: Path, out: Path, target: str = "local", models: list[str] | None = None) -> list[WriteReport]:
-    """Validate everything and build every config in memory; only then touch the disk."""
-    # generate_from checks every rule, after swapping in graphs that `tritonkit build` prepared
-    # (a batch-1 export is fine once built), so parsing is all that is needed here.
-    return generate_from(parse_spec(spec_path), out, target, models)
-
-
-def generate_from(spec: Spec, out: Path, target: str = "local", models: list[str] | None = None) -> list[WriteReport]:
-    """Like generate() for a spec already in memory (the sweep and the tuner derive variants)."""
-    from tritonkit.build_engines.artifacts import prepared_spec
-    from tritonkit.configs.rules import spec_problems
-
-    spec = prepared_spec(spec, Path(out))  # models `tritonkit build` prepared serve the prepared graph
-    problems = spec_problems(spec)
-    if problems:
-        raise InputError(problems)
+def generate(spec: Spec, out: Path, target: str = "local", models: list[str] | None = None) -> list[WriteReport]:
+    """Write the repository folders of a resolved spec (configs.loader; a variant of one is checked
+    here first). Every config is built in memory before the disk is touched."""
+    if not spec.checked:
+        check(spec)  # a variant (the tuner's, the sweep's): every rule again, nothing parsed
     out = Path(out)
     chosen = [spec.model(n) for n in models] if models else spec.models
     resolved = [resolve(spec, m, target, out) for m in chosen]

@@ -6,13 +6,12 @@ them here turns a server log line into an error that names the deploy.yaml field
 
 from __future__ import annotations
 
+from tritonkit import onnx_io
 from tritonkit.errors import Problem
 from tritonkit.spec import Batching, ModelSpec, QueuePolicy, ServerSpec, Spec, TensorSpec
 
 
 def spec_problems(spec: Spec, check_onnx: bool = True) -> list[Problem]:
-    from tritonkit import onnx_io
-
     file = spec.shown
     problems = duplicate_names(file, spec) + server_ports(file, spec.server)
     for i, m in enumerate(spec.models):

@@ -23,11 +23,12 @@ import yaml
 
 from tritonkit import sample_model
 from tritonkit.configs.generate import generate
+from tritonkit.configs.loader import load_spec
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.load import Load
-from tritonkit.loadtests.results import SCHEMA, measure_by, write_result
+from tritonkit.loadtests.measure import measure_by
+from tritonkit.loadtests.results import SCHEMA, write_result
 from tritonkit.serving import running
-from tritonkit.spec import load_spec
 
 ENGINES = ("locust", "asyncio")
 
@@ -49,8 +50,8 @@ def run_bench(out_dir: Path, *, seconds: float = 5.0, users: int = 16, rate: flo
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_path = bench_spec(out_dir)
     repo = out_dir / "repo"
-    generate(spec_path, repo)
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, repo)  # the bench's own spec, written just above
+    generate(spec, repo)
     figures: dict[str, dict] = {}
     with running(spec, repo, out_dir / "state", log=log) as r:
         e = r.endpoints

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from tritonkit.errors import InputError, flag_problem
 from tritonkit.stats import percentile
 
 OVERALL = "overall"
@@ -41,6 +42,25 @@ class RequestClass:
     timeout_us: int | None = None  # Triton only lets it shorten the policy's (allow_timeout_override)
     batch: int = 1
 
+    @classmethod
+    def from_flags(cls, texts: list[str] | None) -> list[RequestClass] | None:
+        """--class NAME:WEIGHT:PRIORITY[:TIMEOUT_US[:BATCH]], repeatable; none: one default class."""
+        classes = []
+        for text in texts or []:
+            parts = text.split(":")
+            try:
+                if not 3 <= len(parts) <= 5 or not parts[0] or parts[0] == OVERALL:
+                    raise ValueError("expected NAME:WEIGHT:PRIORITY[:TIMEOUT_US[:BATCH]]")
+                timeout = int(parts[3]) if len(parts) > 3 and parts[3] else None
+                batch = int(parts[4]) if len(parts) > 4 else 1
+                classes.append(check_class(cls(parts[0], float(parts[1]), int(parts[2]), timeout, batch), "--class"))
+            except ValueError as e:
+                raise InputError([flag_problem(f"--class {text}", f"{e}; for example --class interactive:1:1:50000")]) \
+                    from None
+        if len({c.name for c in classes}) != len(classes):
+            raise InputError([flag_problem("--class", "give each class its own name")])
+        return classes or None
+
 
 @dataclass(frozen=True)
 class Load:
@@ -52,6 +72,19 @@ class Load:
     drain_s: float = 10.0
     max_in_flight: int = 2048  # beyond this the generator drops arrivals (and says so)
     shape: str = "constant"
+
+    @classmethod
+    def from_flags(cls, rate: float | None, users: int | None, duration_s: float, warmup_s: float,
+                   arrival: str = "poisson", shape: str = "constant") -> Load:
+        """--rate/--users/--duration as the command line gives them, each refused with its flag."""
+        if not rate and not users:
+            raise InputError([flag_problem("--rate/--users", "give an arrival rate (--rate R) or a concurrency "
+                                                             "(--users N)")])
+        if (rate is not None and rate <= 0) or (users is not None and users < 1) or duration_s <= 0:
+            raise InputError([flag_problem("--rate/--users/--duration", "use a rate > 0, users >= 1 and a "
+                                                                        "duration > 0")])
+        return cls(rate=rate, arrival=arrival, concurrency=users, duration_s=duration_s, warmup_s=warmup_s,
+                   shape=shape)
 
     def __post_init__(self) -> None:
         if not self.rate and not self.concurrency:

@@ -1,8 +1,9 @@
-"""The one result schema (JSON, with CSV export) for load tests, sweep rows and benchmarks."""
+"""The one result schema (JSON, with CSV export) for load tests, sweep rows and benchmarks.
+
+Pure data: the Locust process imports it too. Measuring lives in `loadtests.measure`."""
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import io
 import json
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.load import Load, Outcome, RequestClass, generator_health
-from tritonkit.loadtests.server_stats import breakdown, summary_quantiles
+from tritonkit.loadtests.server_stats import breakdown
 from tritonkit.stats import percentile, summary_ms
 
 SCHEMA = "tritonkit.result/1"
@@ -70,45 +71,6 @@ def timeline(out: Outcome, load: Load, step_s: float = 1.0) -> list[dict]:
     return rows
 
 
-def measure(endpoints, model: str, load: Load, classes: list[RequestClass] | None = None, *,
-            seed: int = 0) -> dict:
-    """One measurement with the asyncio gRPC generator against a running server's `endpoints`."""
-    return measure_grpc(endpoints.grpc, model, load, classes, metrics=endpoints.metrics, seed=seed)
-
-
-def measure_grpc(url: str, model: str, load: Load, classes: list[RequestClass] | None = None, *,
-                 metrics: str | None = None, seed: int = 0) -> dict:
-    """Statistics at the window's edges, the asyncio generator's load in between."""
-    from tritonkit.loadtests.asyncgen import run_load  # not at import: the Locust process has no asyncio
-
-    classes = classes or [RequestClass()]
-    out = asyncio.run(run_load(url, model, load, classes, seed=seed))
-    return build_result(model, load, classes, out, _quantiles(metrics, model))
-
-
-def measure_by(engine: str, model_spec, load: Load, classes: list[RequestClass] | None, *, url: str,
-               metrics: str | None = None, log_dir: Path | None = None) -> dict:
-    """One measurement by the chosen engine at `url` (HOST:PORT): Locust over HTTP or asyncio gRPC."""
-    classes = classes or [RequestClass()]
-    if engine == "asyncio":
-        return measure_grpc(url, model_spec.name, load, classes, metrics=metrics)
-    from tritonkit.loadtests.locust_run import input_ranges, run_locust
-
-    result = run_locust(url, model_spec.name, load, classes, ranges=input_ranges(model_spec),
-                        log_path=log_dir and Path(log_dir) / "locust.log")
-    result["server_summary_us"] = _quantiles(metrics, model_spec.name)
-    return result
-
-
-def _quantiles(metrics: str | None, model: str) -> dict:
-    if not metrics:
-        return {}
-    try:
-        return summary_quantiles(metrics, model)
-    except OSError:
-        return {}
-
-
 def csv_rows(result: dict) -> list[dict]:
     rows = []
     for name, s in [*result["classes"].items(), ("overall", result["overall"])]:
@@ -147,9 +109,31 @@ def format_result(result: dict) -> str:
                      f"infer {srv['compute_infer_ms']:.2f} ms, output {srv['compute_output_ms']:.2f} ms; "
                      f"mean batch {srv['mean_batch']:.1f}; client overhead {result['client_overhead_ms']:.2f} ms")
     if result.get("router"):
-        from tritonkit.loadtests.routed import format_router
-
         lines.extend(format_router(result["router"]))
     if result["generator"]["warning"]:
         lines.append("WARNING: " + result["generator"]["warning"])
     return "\n".join(lines)
+
+
+def format_router(section: dict) -> list[str]:
+    co = section["coalesce"]
+    coalesced = f"coalesced {co['hits']} of {co['requests']} ({co['hit_rate']:.1%})" if co["enabled"] else \
+        "coalescing off"
+    inferences = section["triton_inferences"]
+    failed = ",".join(f"{k}={v}" for k, v in section["errors"].items())
+    lines = [f"router: {len(section['endpoints'])} endpoint(s), {section['ok']} of {section['requests']} requests "
+             f"answered{f' (failed: {failed})' if failed else ''}; retries {section['retries']}, "
+             f"hedges {section['hedges']}; {coalesced}; "
+             f"Triton inferences {'-' if inferences is None else inferences}",
+             f"{'endpoint':<22}{'role':<8}{'share':>7}{'sent':>7}{'ok':>7}{'failed':>7}{'retry-to':>9}{'hedged':>7}"
+             f"{'P50 ms':>8}{'P95 ms':>8}{'RTT ms':>8}{'breaker':>10}{'inferred':>9}{'cache':>7}"]
+    for url, e in section["endpoints"].items():
+        lines.append(f"{url:<22}{e['role']:<8}{e['share']:>7.1%}{e['sent']:>7}{e['ok']:>7}{e['failed']:>7}"
+                     f"{e['retried_to']:>9}{e['hedged']:>7}{_cell(e['p50_ms'])}{_cell(e['p95_ms'])}"
+                     f"{_cell(e['rtt_ms'])}{e['breaker']:>10}{_cell(e['triton_inferences'], 9, 'd')}"
+                     f"{_cell(e['cache_hits'], 7, 'd')}")
+    return lines
+
+
+def _cell(v, width: int = 8, fmt: str = ".2f") -> str:
+    return f"{'-':>{width}}" if v is None else f"{v:>{width}{fmt}}"

@@ -17,7 +17,9 @@ import numpy as np
 
 from tritonkit.clients.errors import TritonRequestError
 from tritonkit.clients.router import AsyncRouter, RouterPolicy
+from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, RequestClass, Sample
+from tritonkit.loadtests.results import build_result
 from tritonkit.stats import percentile
 
 STAGE_KEYS = ("compute_input", "compute_infer", "compute_output")
@@ -28,9 +30,6 @@ def measure_router(urls: list[str], model: str, load: Load, classes: list[Reques
                    seed: int = 0) -> dict:
     """One load test through a router over `urls` (gRPC HOST:PORT, edge first): the usual result
     plus its `router` section."""
-    from tritonkit.loadtests.asyncgen import run_load
-    from tritonkit.loadtests.results import build_result
-
     classes = classes or [RequestClass()]
 
     async def go():
@@ -159,36 +158,12 @@ def router_section(before: dict, after: dict, samples: list[Sample], *, coalesce
     }
 
 
-def format_router(section: dict) -> list[str]:
-    co = section["coalesce"]
-    coalesced = f"coalesced {co['hits']} of {co['requests']} ({co['hit_rate']:.1%})" if co["enabled"] else \
-        "coalescing off"
-    inferences = section["triton_inferences"]
-    failed = ",".join(f"{k}={v}" for k, v in section["errors"].items())
-    lines = [f"router: {len(section['endpoints'])} endpoint(s), {section['ok']} of {section['requests']} requests "
-             f"answered{f' (failed: {failed})' if failed else ''}; retries {section['retries']}, "
-             f"hedges {section['hedges']}; {coalesced}; "
-             f"Triton inferences {'-' if inferences is None else inferences}",
-             f"{'endpoint':<22}{'role':<8}{'share':>7}{'sent':>7}{'ok':>7}{'failed':>7}{'retry-to':>9}{'hedged':>7}"
-             f"{'P50 ms':>8}{'P95 ms':>8}{'RTT ms':>8}{'breaker':>10}{'inferred':>9}{'cache':>7}"]
-    for url, e in section["endpoints"].items():
-        lines.append(f"{url:<22}{e['role']:<8}{e['share']:>7.1%}{e['sent']:>7}{e['ok']:>7}{e['failed']:>7}"
-                     f"{e['retried_to']:>9}{e['hedged']:>7}{_cell(e['p50_ms'])}{_cell(e['p95_ms'])}"
-                     f"{_cell(e['rtt_ms'])}{e['breaker']:>10}{_cell(e['triton_inferences'], 9, 'd')}"
-                     f"{_cell(e['cache_hits'], 7, 'd')}")
-    return lines
-
-
 def _kinds(samples: list[Sample]) -> dict[str, int]:
     out: dict[str, int] = {}
     for s in samples:
         if s.kind:
             out[s.kind] = out.get(s.kind, 0) + 1
     return out
-
-
-def _cell(v, width: int = 8, fmt: str = ".2f") -> str:
-    return f"{'-':>{width}}" if v is None else f"{v:>{width}{fmt}}"
 
 
 def _round(v: float) -> float:

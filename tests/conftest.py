@@ -149,13 +149,13 @@ def workdir(tmp_path, onnx_dir) -> Path:
 def served(tmp_path_factory, onnx_dir):
     """The SERVED_SPEC models generated into a repository and served by a real tritonserver."""
     from tritonkit.configs.generate import generate
+    from tritonkit.configs.loader import load_spec
     from tritonkit.serving import running
-    from tritonkit.spec import load_spec
 
     root = tmp_path_factory.mktemp("served")
     (root / "onnx").symlink_to(onnx_dir)
     spec_path = write_spec(root, SERVED_SPEC)
-    generate(spec_path, root / "repo")
+    generate(load_spec(spec_path, root / "repo"), root / "repo")
     spec = load_spec(spec_path)
     with running(spec, root / "repo", root / "state") as r:
         r.spec_path = spec_path

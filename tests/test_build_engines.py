@@ -22,6 +22,7 @@ from tritonkit.build_engines import artifacts
 from tritonkit.build_engines.gpu import Gpu, Target, target
 from tritonkit.build_engines.plan import make_plan
 from tritonkit.configs.generate import generate, parse
+from tritonkit.configs.loader import load_spec
 from tritonkit.errors import InputError
 from tritonkit.spec import parse_spec
 
@@ -162,7 +163,7 @@ def test_after_build_a_batch_1_export_validates_and_generates_from_the_prepared_
     assert res.returncode == 0, res.stderr
     assert parse((repo / "st/config.pbtxt").read_text()).max_batch_size == 8
     # serve, loadtest and sweep load the spec through the same function before starting Triton.
-    served = artifacts.load_served_spec(spec, repo)
+    served = load_spec(spec, repo)
     assert served.onnx_path(served.models[0]) == (repo / "st/build/model.onnx").resolve()
 
     # A re-exported source is not what was prepared: refused again until it is rebuilt.
@@ -273,7 +274,7 @@ def test_planned_max_batch_and_generated_max_batch_size_agree(tmp_path, budget):
     spec_path = write_spec(tmp_path, {"models": [model]})
     plan = _plan(tmp_path, model)
     # configs alone (no build) and build (which writes configs) apply the same rule.
-    generate(spec_path, tmp_path / "plain")
+    generate(load_spec(spec_path, tmp_path / "plain"), tmp_path / "plain")
     assert parse((tmp_path / "plain/m/config.pbtxt").read_text()).max_batch_size == plan.max_batch
     res = tritonkit("build", "--spec", str(spec_path), "--out", str(tmp_path / "repo"))
     assert res.returncode == 0, res.stderr

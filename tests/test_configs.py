@@ -8,13 +8,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from tests.conftest import SERVED_SPEC, tritonkit, write_spec
 from tritonkit.configs.generate import build_config, generate, parse, render, resolve
+from tritonkit.configs.loader import load_spec
 from tritonkit.files import LAST_GOOD_SUFFIX
-from tritonkit.spec import load_spec
 
 
 def test_written_file_parses_back_to_the_same_message(workdir):
     spec_path = write_spec(workdir, SERVED_SPEC)
-    generate(spec_path, workdir / "repo")
+    generate(load_spec(spec_path, workdir / "repo"), workdir / "repo")
     spec = load_spec(spec_path)
     for m in spec.models:
         written = (workdir / "repo" / m.name / "config.pbtxt").read_text()
@@ -23,7 +23,7 @@ def test_written_file_parses_back_to_the_same_message(workdir):
 
 def test_every_batching_field_is_in_the_file(workdir):
     spec_path = write_spec(workdir, SERVED_SPEC)
-    generate(spec_path, workdir / "repo")
+    generate(load_spec(spec_path, workdir / "repo"), workdir / "repo")
     cfg = parse((workdir / "repo/all_fields/config.pbtxt").read_text())
     db = cfg.dynamic_batching
     assert list(db.preferred_batch_size) == [2, 4]
@@ -39,7 +39,7 @@ def test_every_batching_field_is_in_the_file(workdir):
 
 def test_unchanged_spec_changes_no_byte(workdir):
     spec_path = write_spec(workdir, SERVED_SPEC)
-    generate(spec_path, workdir / "repo")
+    generate(load_spec(spec_path, workdir / "repo"), workdir / "repo")
     files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (workdir / "repo").rglob("*") if p.is_file()}
     res = tritonkit("configs", "--spec", str(spec_path), "--out", str(workdir / "repo"))
     assert res.returncode == 0 and "unchanged" in res.stdout and "updated" not in res.stdout
@@ -49,12 +49,12 @@ def test_unchanged_spec_changes_no_byte(workdir):
 
 def test_changed_spec_keeps_the_previous_config_as_last_good(workdir):
     spec_path = write_spec(workdir, SERVED_SPEC)
-    generate(spec_path, workdir / "repo")
+    generate(load_spec(spec_path, workdir / "repo"), workdir / "repo")
     path = workdir / "repo/reloadable/config.pbtxt"
     old = path.read_text()
     data = copy.deepcopy(SERVED_SPEC)
     data["models"][4]["batching"]["max_queue_delay_us"] = 7000
-    generate(write_spec(workdir, data), workdir / "repo")
+    generate(load_spec(write_spec(workdir, data), workdir / "repo"), workdir / "repo")
     assert "max_queue_delay_microseconds: 7000" in path.read_text()
     assert path.with_name(path.name + LAST_GOOD_SUFFIX).read_text() == old
     assert not list((workdir / "repo").rglob("*.tmp"))  # no temp file left behind
@@ -62,7 +62,7 @@ def test_changed_spec_keeps_the_previous_config_as_last_good(workdir):
 
 def test_tensors_come_from_the_onnx_graph_when_omitted(workdir):
     spec_path = write_spec(workdir, {"models": [{"name": "t", "onnx": "onnx/two_input.onnx", "max_batch_size": 4}]})
-    generate(spec_path, workdir / "repo")
+    generate(load_spec(spec_path, workdir / "repo"), workdir / "repo")
     cfg = parse((workdir / "repo/t/config.pbtxt").read_text())
     assert [(i.name, mc.DataType.Name(i.data_type), list(i.dims)) for i in cfg.input] == \
         [("ids", "TYPE_INT64", [-1]), ("mask", "TYPE_INT64", [-1])]

@@ -24,9 +24,9 @@ import pytest
 import yaml
 
 from tests.conftest import REPO_ROOT, tritonkit, write_spec
-from tritonkit import deploy as kit_deploy
-from tritonkit import helm_chart
-from tritonkit.spec import load_spec
+from tritonkit.configs.loader import load_spec
+from tritonkit.helm import chart as helm_chart
+from tritonkit.helm import deploy as kit_deploy
 
 CHART = REPO_ROOT / "helm" / "triton-edge"
 KUBE_VERSIONS = ("1.28", ".".join(kv.latest_version().split(".")[:2]))
@@ -86,7 +86,7 @@ def kit(tmp_path_factory, onnx_dir):
     (root / "onnx").symlink_to(onnx_dir)
     spec_path = write_spec(root, SPEC)
     repo = root / "repo"
-    generate(spec_path, repo, target="ngc")
+    generate(load_spec(spec_path, repo), repo, target="ngc")
     spec = load_spec(spec_path)
     return kit_deploy.chart_values(spec, repo), repo, kit_deploy._spec_for_tuner(spec)
 

@@ -9,7 +9,8 @@ import pytest
 
 from tests.checks import assert_priorities_under_overload
 from tritonkit.loadtests.load import Load, RequestClass
-from tritonkit.loadtests.results import measure, write_result
+from tritonkit.loadtests.measure import measure
+from tritonkit.loadtests.results import write_result
 
 pytestmark = pytest.mark.server
 
@@ -47,8 +48,8 @@ def test_generator_saturation_is_reported(served):
 
 
 def test_sweep_reloads_each_row_writes_the_report_and_restores_the_config(served, tmp_path):
-    from tritonkit.loadtests.sweep import sweep
-    from tritonkit.spec import load_spec
+    from tritonkit.configs.loader import load_spec
+    from tritonkit.tuner.sweep import sweep
 
     spec = load_spec(served.spec_path)
     files = sweep(served, spec, served.repo, "sweepable", Load(rate=300, duration_s=1.5, warmup_s=0.5),

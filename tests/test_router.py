@@ -42,14 +42,14 @@ def _spec(batching: dict) -> dict:
 @contextlib.contextmanager
 def _server(root, name: str, batching: dict, models: list[str] | None = None):
     from tritonkit.configs.generate import generate
+    from tritonkit.configs.loader import load_spec
     from tritonkit.serving import running
-    from tritonkit.spec import load_spec
 
     d = root / name
     d.mkdir()
     (d / "onnx").symlink_to(root / "onnx")
     spec_path = write_spec(d, _spec(batching))
-    generate(spec_path, d / "repo")
+    generate(load_spec(spec_path, d / "repo"), d / "repo")
     with running(load_spec(spec_path), d / "repo", d / "state", models=models) as r:
         yield r
 

@@ -17,6 +17,7 @@ from tests.conftest import SERVED_SPEC, write_spec
 from tritonkit.clients import AsyncClient, BadInputError, QueueFullError, RequestTimeoutError
 from tritonkit.clients.burst import burst
 from tritonkit.configs.generate import generate
+from tritonkit.configs.loader import load_spec
 
 pytestmark = pytest.mark.server
 
@@ -164,7 +165,8 @@ def test_reload_with_changed_config_under_load_loses_no_request(served):
         data = copy.deepcopy(SERVED_SPEC)
         for delay in (3000, 500, 2000):
             data["models"][4]["batching"]["max_queue_delay_us"] = delay
-            generate(write_spec(served.spec_path.parent, data), served.repo, models=["reloadable"])
+            spec = load_spec(write_spec(served.spec_path.parent, data), served.repo)
+            generate(spec, served.repo, models=["reloadable"])
             served.load("reloadable")
             with served.client() as c:
                 assert c.config("reloadable").dynamic_batching.max_queue_delay_microseconds == delay

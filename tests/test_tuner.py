@@ -83,13 +83,13 @@ def test_refused_candidate_and_killed_server_end_with_the_last_known_good_config
     from dataclasses import replace
 
     from tritonkit.configs.generate import generate
-    from tritonkit.spec import load_spec
+    from tritonkit.configs.loader import load_spec
     from tritonkit.tuner.knobs import Knobs
     from tritonkit.tuner.trials import LocalServer, Probe, Trials
 
     spec_path = write_spec(workdir, SLOW_SPEC)
     repo = workdir / "repo"
-    generate(spec_path, repo)
+    generate(load_spec(spec_path, repo), repo)
     spec = load_spec(spec_path)
     server = LocalServer(spec, repo, workdir / "state", "tunable", lambda s: None)
     server.start()
@@ -134,6 +134,7 @@ def test_online_follows_a_load_that_steps_up_and_down(served, tmp_path):
     themselves are checked against a fixed cost model in test_decisions.py.)"""
     from tritonkit.loadtests.asyncgen import run_load
     from tritonkit.loadtests.load import Load
+    from tritonkit.spec import parse_spec
     from tritonkit.tuner.online import OnlineSettings, plot_online, run_online
 
     _reset(served, "online")
@@ -142,7 +143,7 @@ def test_online_follows_a_load_that_steps_up_and_down(served, tmp_path):
     load = Load(rate=1000, shape="updown", duration_s=4 * step_s, warmup_s=2, drain_s=3)
     states = []
     tuner = threading.Thread(target=lambda: states.append(run_online(
-        served.spec_path, "online", served.endpoints.grpc, settings, duration_s=load.total_s + 1,
+        parse_spec(served.spec_path), "online", served.endpoints.grpc, settings, duration_s=load.total_s + 1,
         key_headers=served.endpoints.key_headers, out_dir=tmp_path, log=print)))
     tuner.start()
     out = asyncio.run(run_load(served.endpoints.grpc, "online", load))

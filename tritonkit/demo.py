@@ -13,13 +13,15 @@ from pathlib import Path
 from tritonkit import sample_model
 from tritonkit.clients.burst import burst
 from tritonkit.configs.generate import generate
+from tritonkit.configs.loader import resolve
 from tritonkit.loadtests.load import Load, RequestClass
-from tritonkit.loadtests.results import format_result, measure_by, write_result
-from tritonkit.loadtests.sweep import sweep
+from tritonkit.loadtests.measure import measure_by
+from tritonkit.loadtests.results import format_result, write_result
 from tritonkit.serving import running
-from tritonkit.spec import load_spec, parse_spec
+from tritonkit.spec import Spec
 from tritonkit.stats import batch_histogram, summary_ms
 from tritonkit.tuner.run import tune_offline
+from tritonkit.tuner.sweep import sweep
 
 
 def say(msg: str = "") -> None:
@@ -31,10 +33,11 @@ STEPS = 7
 CLASSES = [RequestClass("interactive", weight=1, priority=1), RequestClass("bulk", weight=3, priority=2)]
 
 
-def run_demo(spec_path: Path, repo: Path, state_dir: Path, requests: int = 2000, concurrency: int = 32,
-             out: Path = Path("out/demo"), seconds: float = 4.0) -> None:
+def run_demo(draft: Spec, repo: Path, state_dir: Path, requests: int = 2000, concurrency: int = 32,
+             out: Path = Path("out/demo"), seconds: float = 4.0, tune_trials: int = 14) -> None:
+    """`draft` is the command's parsed spec: its ONNX file may not exist yet (step 1 writes the
+    sample model), so the rules that read the graph run here, once, after that step."""
     say(f"== 1/{STEPS} sample model")
-    draft = parse_spec(spec_path)
     onnx_path = draft.onnx_path(draft.models[0])
     if onnx_path.exists():
         say(f"{onnx_path} already there")
@@ -43,9 +46,9 @@ def run_demo(spec_path: Path, repo: Path, state_dir: Path, requests: int = 2000,
         say(f"wrote {onnx_path}")
 
     say(f"== 2/{STEPS} configs")
-    for r in generate(spec_path, repo):
+    spec = resolve(draft, repo)
+    for r in generate(spec, repo):
         say(f"{r.config_path}: {'updated' if r.changed else 'unchanged'} (runtime {r.runtime})")
-    spec = load_spec(spec_path)
     model = spec.models[0].name
 
     say(f"== 3/{STEPS} serve (real tritonserver, free ports)")
@@ -79,7 +82,7 @@ def run_demo(spec_path: Path, repo: Path, state_dir: Path, requests: int = 2000,
 
     slo = spec.model(model).slo
     say(f"\n== 7/{STEPS} tune for the SLO: P95 <= {slo.p95_ms:g} ms at {rate:g} req/s (the lowest P95 there)")
-    result = tune_offline(spec_path, model, repo, state_dir, out / "tune", rps=rate, max_trials=14,
+    result = tune_offline(spec, model, repo, state_dir, out / "tune", rps=rate, max_trials=tune_trials,
                           log=say)
     t = result.tuning
 

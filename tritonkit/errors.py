@@ -1,6 +1,6 @@
 """Typed errors. Library code raises these; the CLI turns them into one-line messages.
 
-Exit codes follow DESIGN.md: 2 for bad input (the user can fix the file), 1 for a runtime
+Exit codes (ARCHITECTURE.md): 2 for bad input (the user can fix the file), 1 for a runtime
 failure (the server would not start, a model would not load).
 """
 
@@ -46,3 +46,15 @@ class ServerError(KitError):
 
 def input_error(file: str, path: str, message: str, fix: str = "") -> InputError:
     return InputError([Problem(file, path, message, fix)])
+
+
+def flag_problem(flag: str, fix: str) -> Problem:
+    """A command-line value the type it fills refuses (the type names its own flag and fix)."""
+    return Problem("command line", flag, "missing or invalid", fix)
+
+
+def raise_flag_problems(checks: list[tuple[str, bool, str]]) -> None:
+    """(flag, ok, fix) per rule: one InputError naming every flag that breaks its rule."""
+    problems = [flag_problem(flag, fix) for flag, ok, fix in checks if not ok]
+    if problems:
+        raise InputError(problems)

@@ -1,4 +1,4 @@
-"""The sample model: an MLP whose cost shows the batching economics of DESIGN.md.
+"""The sample model: an MLP whose cost shows the batching economics of ARCHITECTURE.md (the tuner).
 
 Four 2048x2048 FP32 layers are 64 MiB of weights. At batch 1 each request streams all of them
 from memory, so the run is bandwidth bound; at batch 8 the same weights serve eight rows and the
@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from tritonkit.files import write_bytes_atomic
 
 INPUT_NAME = "input"
 OUTPUT_NAME = "output"
@@ -50,7 +52,5 @@ def build(width: int = 2048, layers: int = 4, seed: int = 0) -> onnx.ModelProto:
 
 def write(path: Path, width: int = 2048, layers: int = 4, seed: int = 0) -> Path:
     """Write the model atomically; an identical file already there is left alone."""
-    from tritonkit.files import write_bytes_atomic
-
     write_bytes_atomic(path, build(width, layers, seed).SerializeToString())
     return path

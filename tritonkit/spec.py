@@ -2,11 +2,15 @@
 
 Structure and types are checked here (pydantic). Rules that tie several fields together, and
 Triton's own load-time rules, live in `tritonkit.configs.rules`; what the ONNX graph says lives
-in `tritonkit.onnx_io`. `load_spec` runs all three and raises one InputError listing everything.
+in `tritonkit.onnx_io`. `tritonkit.configs.loader.load_spec` runs all three and raises one
+InputError listing everything; it is called once per command, at the command boundary
+(ARCHITECTURE.md), and every stage takes the Spec it returns.
 """
 
 from __future__ import annotations
 
+import copy
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -24,6 +28,8 @@ Runtime = Literal["auto", "tensorrt", "onnxruntime", "python-onnxruntime"]
 # Written by `tritonkit tune` beside deploy.yaml; overrides these keys of the models it names.
 TUNED_FILE = "tuned.yaml"
 TUNED_KEYS = ("max_batch_size", "batching", "instances")
+# Set to a file path, every parse appends one line to it (the parse-count test reads it).
+TRACE_ENV = "TRITONKIT_TRACE_PARSES"
 
 
 class _Strict(BaseModel):
@@ -82,7 +88,7 @@ class BuildSpec(_Strict):
     atol: float = Field(1e-3, ge=0)  # prepared graph / engine vs ONNX Runtime on the original
     rtol: float = Field(1e-3, ge=0)
     opt_batch: int | None = Field(None, ge=1)  # default: the largest preferred batch size, else the max
-    safety_factor: float = Field(1.5, ge=1)  # on activation memory (DESIGN.md: 1.5 to 2)
+    safety_factor: float = Field(1.5, ge=1)  # on activation memory (ARCHITECTURE.md: 1.5 to 2)
     precision: Literal["fp32", "tf32", "fp16"] = "fp32"  # fp16 needs TensorRT 10 (11 takes it from the graph)
     workspace_mb: int | None = Field(None, ge=1)  # None = TensorRT's default (the device's memory)
     optimization_level: int = Field(3, ge=0, le=5)
@@ -184,10 +190,14 @@ class DeploySpec(_Strict):
 class Spec:
     """A validated spec plus where it came from (relative ONNX paths resolve against its folder)."""
 
-    def __init__(self, data: DeploySpec, path: Path, shown: str | None = None):
+    def __init__(self, data: DeploySpec, path: Path, shown: str | None = None, source: dict | None = None):
         self.data = data
         self.path = path
         self.shown = shown or str(path)  # the path as the user wrote it, for messages
+        self.source = source  # deploy.yaml as written (no tuned.yaml overlay), for the tuner sidecar's copy
+        # True once configs.loader has checked every rule on exactly this object; a derived spec
+        # (with_model) starts unchecked, so a variant is always checked before it is written.
+        self.checked = False
 
     @property
     def models(self) -> list[ModelSpec]:
@@ -203,7 +213,7 @@ class Spec:
     def with_model(self, model: ModelSpec) -> Spec:
         """A copy of this spec with one model (matched by name) replaced."""
         models = [model if m.name == model.name else m for m in self.models]
-        return Spec(self.data.model_copy(update={"models": models}), self.path, self.shown)
+        return Spec(self.data.model_copy(update={"models": models}), self.path, self.shown, self.source)
 
     def model(self, name: str) -> ModelSpec:
         for m in self.models:
@@ -243,8 +253,22 @@ def _pydantic_problems(file: str, err: ValidationError) -> list[Problem]:
     return problems
 
 
+_parses = 0
+
+
+def parse_count() -> int:
+    """How many times this process parsed a spec (one per command: the parse-count test)."""
+    return _parses
+
+
 def parse_spec(path: Path) -> Spec:
-    """Read and type-check deploy.yaml. Raises InputError; never returns a half-valid spec."""
+    """Read and type-check deploy.yaml, tuned.yaml overlaid. Raises InputError; never returns a
+    half-valid spec. The one place a spec file is read: commands call it through configs.loader."""
+    global _parses
+    _parses += 1
+    if os.environ.get(TRACE_ENV):
+        with open(os.environ[TRACE_ENV], "a") as trace:
+            trace.write(f"{path}\n")
     path = Path(path)
     file = str(path)
     if not path.is_file():
@@ -260,12 +284,13 @@ def parse_spec(path: Path) -> Spec:
     if not isinstance(raw, dict):
         raise InputError([Problem(file, "", "expected a mapping with a `models:` list at the top",
                                   "see the README's deploy.yaml reference")])
+    source = copy.deepcopy(raw)
     _apply_tuned(raw, path.parent / TUNED_FILE)
     try:
         data = DeploySpec.model_validate(raw)
     except ValidationError as e:
         raise InputError(_pydantic_problems(file, e)) from None
-    return Spec(data, path.resolve(), shown=file)
+    return Spec(data, path.resolve(), shown=file, source=source)
 
 
 def _apply_tuned(raw: dict, tuned: Path) -> None:
@@ -294,14 +319,3 @@ def _apply_tuned(raw: dict, tuned: Path) -> None:
                 model[key] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
     if problems:
         raise InputError(problems)
-
-
-def load_spec(path: Path, check_onnx: bool = True) -> Spec:
-    """Parse, then apply the cross-field rules and (optionally) check against the ONNX graphs."""
-    from tritonkit.configs.rules import spec_problems
-
-    spec = parse_spec(path)
-    problems = spec_problems(spec, check_onnx=check_onnx)
-    if problems:
-        raise InputError(problems)
-    return spec

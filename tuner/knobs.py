@@ -1,4 +1,5 @@
-"""The knobs the tuner turns, and how a set of them becomes a spec variant (and so a config.pbtxt).
+"""The knobs the tuner (and the sweep) turns, and how a set of them becomes a spec variant (and so
+a config.pbtxt).
 
 Everything goes through the spec and `configs.generate`, the one place where config.pbtxt is
 written and checked, so a tuned config obeys every rule a hand-written one does.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tritonkit.spec import ModelSpec, QueuePolicy, Spec
@@ -23,9 +25,13 @@ class Knobs:
     instances: int = 1
     # None keeps the spec's default queue policy; the tuner sets one that protects the SLO last
     queue: QueuePolicy | None = None
+    # None: the tuner's rule below; the sweep keeps the spec's sizes that fit the max batch
+    preferred_sizes: tuple[int, ...] | None = None
 
     @property
     def preferred(self) -> list[int]:
+        if self.preferred_sizes is not None:
+            return list(self.preferred_sizes)
         # Dispatch as soon as a full batch is there; otherwise the delay decides.
         return [self.max_batch] if self.max_batch > 1 else []
 
@@ -92,14 +98,18 @@ def on_ladder(delay_us: int) -> int:
     return DELAYS_US[_ladder_index(delay_us)]
 
 
-def grid(bound: int) -> list[Knobs]:
-    """Every combination of the knobs' values: what an exhaustive search measures."""
-    return [Knobs(b, d, i) for i in range(1, max_instances() + 1) for b in batch_sizes(bound) for d in DELAYS_US]
+def grid(batches, delays=DELAYS_US, instances=None,
+         preferred_of: Callable[[int], list[int]] | None = None) -> list[Knobs]:
+    """Every combination of the knobs' values, delay by delay, batch by batch: what an exhaustive
+    search measures (`tritonkit bench tuner`) and what the batch-size sweep runs (one instance
+    count, the spec's preferred sizes that fit each max batch)."""
+    return [Knobs(b, d, i, preferred_sizes=None if preferred_of is None else tuple(preferred_of(b)))
+            for i in (instances or range(1, max_instances() + 1)) for d in delays for b in batches]
 
 
 def protective_queue(base: QueuePolicy | None, capacity_rps: float, delay_us: int, slo_p95_ms: float,
                      max_batch: int, instances: int) -> QueuePolicy:
-    """A bounded queue that rejects fast rather than letting every request go slow (DESIGN.md).
+    """A bounded queue that rejects fast rather than letting every request go slow (ARCHITECTURE.md).
 
     A request that finds q requests ahead waits about q / capacity plus the batching delay; the
     queue is cut at twice the q where that reaches the SLO (Poisson bursts pass through the queue

@@ -12,9 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonkit.configs.generate import generate, generate_from
+from tritonkit.build_engines.plan import serving_max_batch
+from tritonkit.configs.generate import generate
 from tritonkit.errors import InputError, Problem
-from tritonkit.spec import Spec, load_spec
+from tritonkit.spec import Spec
 from tritonkit.tuner import outputs
 from tritonkit.tuner.knobs import from_spec
 from tritonkit.tuner.lock import repository_lock
@@ -33,8 +34,6 @@ class TuneResult:
 def max_batch_bound(spec: Spec, model: str, limit: int | None = None) -> int:
     """The largest max batch the tuner may try: `limit` (default: the spec's max_batch_size),
     lowered by the memory plan of `tritonkit.build_engines` (the one place for that rule)."""
-    from tritonkit.build_engines.plan import serving_max_batch
-
     m = spec.model(model)
     wanted = m.model_copy(update={"max_batch_size": limit or m.max_batch_size})
     return max(1, serving_max_batch(spec, wanted))
@@ -53,16 +52,17 @@ def objective_for(spec: Spec, model: str, p95_ms: float | None, rps: float | Non
     return Objective(slo, rps, max_error_ratio)
 
 
-def tune_offline(spec_path: Path, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
+def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
                  p95_ms: float | None = None, rps: float | None = None, max_trials: int = 30,
                  max_error_ratio: float = 0.01, max_batch: int | None = None, probe: Probe | None = None,
                  write_decision: bool = True, log: Callable[[str], None] = print) -> TuneResult:
-    spec = load_spec(spec_path)
+    """`spec` is the command's resolved spec (configs.loader, against `repo`): a model that
+    `tritonkit build` prepared is tuned as built."""
     objective = objective_for(spec, model, p95_ms, rps, max_error_ratio)
     bound = max_batch_bound(spec, model, max_batch)
     t0 = time.perf_counter()
     with repository_lock(repo):
-        generate(spec_path, repo)
+        generate(spec, repo)
         server = LocalServer(spec, repo, state_dir, model, log)
         server.start()
         trials = Trials(server, spec, repo, model, slo_p95_ms=objective.slo_p95_ms,
@@ -72,7 +72,7 @@ def tune_offline(spec_path: Path, model: str, repo: Path, state_dir: Path, out_d
             tuning = Search(trials, objective, bound, max_trials, log).run(from_spec(spec.model(model)))
         finally:
             # Whatever happened, the repository holds the pre-tuning config until the winner is chosen.
-            generate_from(spec, repo, models=[model])
+            generate(spec, repo, models=[model])
             server.close()
             if tuning is None:
                 log("tuning stopped: the pre-tuning config is back in the repository")
@@ -83,5 +83,6 @@ def tune_offline(spec_path: Path, model: str, repo: Path, state_dir: Path, out_d
                                                   {"seconds": seconds})
         if write_decision and tuning.confirmed:
             files["tuned.yaml"] = outputs.write_tuned(spec, model, tuning.best.knobs)
-            generate(spec_path, repo)  # now from tuned.yaml: the decision and the repository agree
+            # what tuned.yaml now says, applied in memory: the decision and the repository agree
+            generate(tuning.best.knobs.apply(spec, model), repo)
     return TuneResult(tuning, trials, files, seconds)

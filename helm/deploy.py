@@ -15,9 +15,14 @@ from pathlib import Path
 
 import yaml
 
-from tritonkit import helm_chart
+from tritonkit.build_engines.build import table
+from tritonkit.build_engines.gpu import target
+from tritonkit.configs.generate import generate
+from tritonkit.configs.loader import resolve
+from tritonkit.configs.steps import build_then_configs
 from tritonkit.errors import InputError, KitError, Problem
-from tritonkit.spec import Spec, parse_spec
+from tritonkit.helm import chart as helm_chart
+from tritonkit.spec import Spec
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}  # the spec's 0 (a free port) means nothing in a pod
 
@@ -30,19 +35,17 @@ class DeployResult:
     notes: str = ""
 
 
-def build_engines(spec_path: Path, repo: Path, log: Callable[[str], None]) -> None:
+def build_engines(spec: Spec, repo: Path, log: Callable[[str], None]) -> None:
     """TensorRT engines where a GPU is (issue 6: deploy builds engines, it does not replace
-    `tritonkit build`); without one, a graph `tritonkit build` prepared earlier is still what the
-    configs serve, through prepared_spec."""
-    from tritonkit.build_engines.build import build, table
-    from tritonkit.build_engines.gpu import target
-
+    `tritonkit build`), and their NGC configs; without one, a graph `tritonkit build` prepared
+    earlier is still what the configs serve, through configs.loader."""
     # build_engines' own test (driver + TensorRT >= 10), not a device-node check: Jetson has no /dev/nvidia0.
     why = target().reason
     if why:
         log(f"engines: skipped, {why} (models without an engine serve their ONNX through onnxruntime)")
         return
-    log(table(build(spec_path, repo, target_kind="ngc", log=log)))
+    results, _ = build_then_configs(spec, repo, target="ngc", log=log)
+    log(table(results))
 
 
 def locustfile_text() -> str:
@@ -74,7 +77,7 @@ def _merge(base: dict, over: dict) -> dict:
 def _spec_for_tuner(spec: Spec) -> str:
     """The spec the tuner sidecar reads: models and server only. The deploy block can carry
     anything (a fetch URL with credentials in deploy.values), so it never goes into a ConfigMap."""
-    raw = yaml.safe_load(spec.path.read_text()) or {}
+    raw = dict(spec.source or {})  # deploy.yaml as written, read once by the command's parse
     raw.pop("deploy", None)
     return yaml.safe_dump(raw, sort_keys=False)
 
@@ -168,16 +171,12 @@ def _rejected(spec: Spec, e: helm_chart.ValuesRejected) -> KitError:
                                "check deploy.values against helm/triton-edge/README.md (Parameters)")])
 
 
-def deploy(spec_path: Path, repo: Path, *, dry_run: bool = False, out: Path | None = None,
+def deploy(spec: Spec, repo: Path, *, dry_run: bool = False, out: Path | None = None,
            chart: Path | None = None, kubeconfig: Path | None = None, kube_context: str | None = None,
            wait: bool = False, timeout_s: int = 600, log: Callable[[str], None] = print) -> DeployResult:
-    from tritonkit.configs.generate import generate
-    from tritonkit.configs.rules import spec_problems
-
-    spec = parse_spec(spec_path)
-    # Everything that can be checked without the ONNX graphs, before engines or configs are
-    # written. The graphs are checked by generate(), after the build, against what it prepared.
-    problems = spec_problems(spec, check_onnx=False) + deploy_problems(spec)
+    """`spec` is parsed and checked without its ONNX graphs (configs.loader, check_onnx=False):
+    the graphs are checked after the build, against what it prepared."""
+    problems = deploy_problems(spec)
     if problems:
         raise InputError(problems)
     d = spec.data.deploy
@@ -187,8 +186,9 @@ def deploy(spec_path: Path, repo: Path, *, dry_run: bool = False, out: Path | No
     if not dry_run:
         helm_chart.kubeconfig_path(kubeconfig)  # no cluster: say so before minutes of engine builds
 
-    build_engines(spec_path, repo, log)
-    for r in generate(spec_path, repo, target="ngc"):
+    build_engines(spec, repo, log)
+    served = resolve(spec, repo)
+    for r in generate(served, repo, target="ngc"):
         log(f"configs: {r.config_path} ({r.runtime}{', updated' if r.changed else ''})")
     values = chart_values(spec, repo)
     try:

@@ -1,11 +1,11 @@
 """Trials: put a set of knobs in force, measure one load against it, and never leave a bad state.
 
-Safety rules, all here:
-- A candidate is written atomically and reloaded through model control. If the rules or Triton
-  refuse it, the last-known-good config is written back and reloaded before anything else.
+Knobs are put in force by `tuner.apply.LiveConfig` (write, reload, verify, restore the
+last-known-good), the one service that changes a live server's config. On top of it, here:
+- A candidate the rules refuse is recorded as refused; nothing was written.
 - If tritonserver dies during a trial, the last-known-good config is written back and the server
   is restarted with it; the trial is recorded as failed and the search goes on.
-- "Last-known-good" is the last config that loaded and answered a measurement.
+- "Last-known-good" is the last config that loaded, matched what was asked, and answered a measurement.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tritonkit.configs.generate import generate_from
-from tritonkit.errors import InputError, KitError, ServerError
+from tritonkit.errors import InputError, KitError
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, RequestClass
 from tritonkit.loadtests.results import build_result
 from tritonkit.serving import Running, running
 from tritonkit.spec import Spec
+from tritonkit.tuner.apply import LiveConfig
 from tritonkit.tuner.knobs import Knobs
 
 
@@ -99,9 +99,7 @@ class Trials:
         self.trials: list[Trial] = []
         self.current: Knobs | None = None
         self.good: Knobs | None = None
-        self.good_spec: Spec = spec  # exactly what served last; the spec's own config to begin with
-        self._applied: Spec = spec
-        self.restarts = 0
+        self.live = LiveConfig(server, spec, repo, model, log)
 
     # -- putting knobs in force -------------------------------------------------------------
 
@@ -110,34 +108,16 @@ class Trials:
         last-known-good config is serving again)."""
         if k == self.current:
             return None
-        candidate = k.apply(self.spec, self.model)
         try:
-            generate_from(candidate, self.repo, models=[self.model])
+            refused = self.live.apply_knobs(self.spec, k)
         except InputError as e:  # the kit's own rules refuse it: nothing was written
             return f"refused by the rules: {e}"
-        try:
-            self.server.r.load(self.model)
-        except ServerError as e:
-            alive = self.server.alive(grace_s=1.0)  # a refusal, or the server dying under the load call?
-            reason = f"Triton refused it: {str(e)[:300]}" if alive else "tritonserver died while loading it"
-            self.log(f"    {reason}; back to the last-known-good config")
-            self._recover()
-            return reason
-        self.current, self._applied = k, candidate
-        return None
+        self.current = self.good if refused else k
+        return refused
 
     def _recover(self) -> None:
         """Write the last-known-good config back and serve it, restarting the server if it died."""
-        generate_from(self.good_spec, self.repo, models=[self.model])
-        if not self.server.alive():
-            self.restarts += 1
-            if self.restarts > 3:
-                raise ServerError("tritonserver died more than 3 times during tuning; the last-known-good "
-                                  "config is back in the repository")
-            self.log("    tritonserver is gone: restarting it with the last-known-good config")
-            self.server.restart()
-        else:
-            self.server.r.load(self.model)
+        self.live.restore()
         self.current = self.good
 
     # -- measuring ----------------------------------------------------------------------------
@@ -154,7 +134,8 @@ class Trials:
                 out = asyncio.run(run_load(self.server.r.endpoints.grpc, self.model, load))
                 self._fill(trial, build_result(self.model, load, [RequestClass()], out))
                 trial.batch_stats = (out.stats_before or {}, out.stats_after or {})
-                self.good, self.good_spec = k, self._applied
+                self.good = k
+                self.live.keep()
             except KitError as e:
                 trial.note = f"measurement failed: {str(e)[:200]}"
             if not self.server.alive():

@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tritonkit.configs.generate import generate, generate_from
+from tritonkit.configs.generate import generate
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
-from tritonkit.spec import load_spec
-from tritonkit.tuner.knobs import Knobs, from_spec, grid
+from tritonkit.spec import Spec
+from tritonkit.tuner.knobs import Knobs, batch_sizes, from_spec, grid
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.offline import RATE_STEP, Score, Search, confirm
 from tritonkit.tuner.run import max_batch_bound, objective_for
@@ -50,15 +50,14 @@ def grid_capacity(trials: Trials, k: Knobs) -> Score:
     return passed
 
 
-def run_tuner_bench(spec_path: Path, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
+def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
                     p95_ms: float | None = None, max_trials: int = 30, probe: Probe | None = None,
                     log: Callable[[str], None] = print) -> dict:
-    spec = load_spec(spec_path)
     objective = objective_for(spec, model, p95_ms, None, 0.01)
     bound = max_batch_bound(spec, model)
     probe = probe or Probe()
     with repository_lock(repo):
-        generate(spec_path, repo)
+        generate(spec, repo)
         server = LocalServer(spec, repo, state_dir, model, log)
         server.start()
         try:
@@ -71,7 +70,7 @@ def run_tuner_bench(spec_path: Path, model: str, repo: Path, state_dir: Path, ou
             tuning = Search(tuner_trials, objective, bound, max_trials, log).run(from_spec(spec.model(model)))
             tuner_s = time.perf_counter() - t0
 
-            points = grid(bound)
+            points = grid(batch_sizes(bound))
             log(f"==== the grid: {len(points)} configs")
             t0, grid_trials = time.perf_counter(), trials()
             scores = [grid_capacity(grid_trials, k) for k in points]
@@ -82,7 +81,7 @@ def run_tuner_bench(spec_path: Path, model: str, repo: Path, state_dir: Path, ou
                 grid_best = confirm(grid_trials, [ranked[0].knobs], ranked[0].rate, step_down=True)
             grid_s = time.perf_counter() - t0
         finally:
-            generate_from(spec, repo, models=[model])
+            generate(spec, repo, models=[model])
             server.close()
 
     def rps(s: Score | None) -> float | None:

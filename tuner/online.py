@@ -3,13 +3,14 @@ to the traffic a live server sees, within guardrails.
 
 Every window it reads Triton's statistics (exact deltas: request rate, mean queue and compute
 time, mean batch, failures) and refits the cost model from the per-batch-size statistics. The
-setpoint follows DESIGN.md: the smallest batch that serves the current rate at 70% utilisation,
+setpoint follows ARCHITECTURE.md (the tuner): the smallest batch that serves the current rate at 70% utilisation,
 and the delay that the rate fills (E[B] = λW) within the SLO budget (W + 2T(B) <= P95 SLO).
 
 Why statistics and not the summary quantiles: Triton's summary P95 covers a long window. After
 half a minute of light load it still reported the 62 ms of the overload before it, so it cannot
 tell whether the last change helped. The mean latency of one window, from statistics deltas, can.
 
+Changes go through `tuner.apply.load_verified` (reload through the API, check what Triton reports).
 Guardrails: a change only when the setpoint differs by a clear factor for several windows in a
 row (hysteresis), a cool-down after each change, one change in flight, and a rollback when the
 window after a change is worse (higher mean latency at a similar rate, or more failures).
@@ -35,7 +36,8 @@ from tritonkit.errors import ServerError, input_error
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.loadtests.server_stats import breakdown
-from tritonkit.spec import parse_spec
+from tritonkit.spec import Spec
+from tritonkit.tuner.apply import load_verified
 from tritonkit.tuner.costmodel import CostModel, batch_for_rate, batch_points, delay_for, fit
 
 
@@ -202,14 +204,15 @@ class Controller:
         return out
 
     def _apply(self, cfg: mc.ModelConfig) -> bool:
-        """Load `cfg` through model control; on refusal the config in force stays (and is reloaded)."""
+        """Put `cfg` in force through `tuner.apply` (reload through the API, then check what Triton
+        reports); on refusal the config in force stays (and is reloaded)."""
         try:
-            self.c.load(self.model, cfg)
-        except TritonRequestError as e:
+            load_verified(self.c, self.model, cfg, override=True)
+        except (TritonRequestError, ServerError) as e:
             self.log(f"  Triton refused the change ({str(e)[:200]}); keeping the config in force")
             try:
-                self.c.load(self.model, self.config)
-            except TritonRequestError as again:
+                load_verified(self.c, self.model, self.config, override=True)
+            except (TritonRequestError, ServerError) as again:
                 raise ServerError(f"{self.model} could not be reloaded with its config in force: {again}") from None
             return False
         if self.repo is not None:  # so that a restart keeps what was accepted
@@ -218,13 +221,12 @@ class Controller:
         return True
 
 
-def run_online(spec_path: Path, model: str, url: str, settings: OnlineSettings, *,
+def run_online(spec: Spec, model: str, url: str, settings: OnlineSettings, *,
                repo: Path | None = None, p95_ms: float | None = None, duration_s: float | None = None,
                out_dir: Path | None = None, key_headers: dict[str, str] | None = None,
                log: Callable[[str], None] = print) -> OnlineState:
     """Watch and adjust until `duration_s` passes or Ctrl-C. The spec is only read for the SLO
     (no ONNX file is needed: the sidecar runs next to the server, not next to the models)."""
-    spec = parse_spec(spec_path)
     slo = p95_ms or spec.model(model).slo.p95_ms
     if not slo:
         raise input_error(spec.shown, f"models[{model}].slo.p95_ms", "the online tuner needs a P95 SLO",

@@ -1,8 +1,10 @@
 """The batch-size sweep: the same load against max batch sizes 1, 2, 4 ... 64, one variable at a time.
 
-Per row: rewrite config.pbtxt from a variant of the spec, reload it through model control, warm
-up, measure a steady window, drain, and record latency, throughput, Triton's stage breakdown and
-the server's peak memory. The spec's own config is restored at the end, whatever happened.
+A grid over the tuner's knobs (max batch and queue delay; the spec's instance count, and its
+preferred sizes that fit each max batch). Per row: the knobs put in force by `tuner.apply`
+(config written, reloaded, checked against what Triton reports), warm up, measure a steady
+window, drain, and record latency, throughput, Triton's stage breakdown and the server's peak
+memory. The spec's own config is restored at the end, whatever happened.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from pathlib import Path
 
 import psutil
 
-from tritonkit.configs.generate import generate_from
+from tritonkit.errors import ServerError
 from tritonkit.loadtests.load import Load, RequestClass
+from tritonkit.loadtests.measure import measure
 from tritonkit.loadtests.report import write_sweep_report
-from tritonkit.loadtests.results import measure
 from tritonkit.serving import Running
 from tritonkit.spec import Spec
+from tritonkit.tuner.apply import LiveConfig, Served
+from tritonkit.tuner.knobs import grid
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -50,16 +54,6 @@ class PeakRss:
         self._thread.join()
 
 
-def variant(spec: Spec, model: str, max_batch: int, delay_us: int | None) -> Spec:
-    m = spec.model(model)
-    b = m.batching
-    batching = b.model_copy(update={
-        "preferred_batch_sizes": [s for s in b.preferred_batch_sizes if s <= max_batch],
-        "max_queue_delay_us": b.max_queue_delay_us if delay_us is None else delay_us,
-    })
-    return spec.with_model(m.model_copy(update={"max_batch_size": max_batch, "batching": batching}))
-
-
 def row_from(result: dict, max_batch: int, delay_us: int, peak_mb: float) -> dict:
     o, s = result["overall"], result["server"]
     return {
@@ -80,26 +74,26 @@ def sweep(r: Running, spec: Spec, repo: Path, model: str, load: Load, out_dir: P
           batch_sizes=BATCH_SIZES, delays_us: list[int] | None = None, classes: list[RequestClass] | None = None,
           log: Callable[[str], None] = print) -> dict[str, Path]:
     rows = []
-    delays = delays_us or [spec.model(model).batching.max_queue_delay_us]
-    total = len(batch_sizes) * len(delays)
-    try:
-        for delay in delays:
-            for b in batch_sizes:
-                generate_from(variant(spec, model, b, delay), repo, models=[model])
-                r.load(model)
-                with PeakRss(r.server.proc.pid) as rss:
-                    result = measure(r.endpoints, model, load, classes)
-                row = row_from(result, b, delay, rss.peak_mb)
-                rows.append(row)
-                note = "  (generator-limited)" if row["generator_warning"] else ""
-                log(f"  [{len(rows)}/{total}] max_batch {b:>2} delay {delay:>6} us: "
-                    f"{row['throughput_rps']:7.1f} req/s  P95 {row['p95_ms']:7.2f} ms  "
-                    f"peak RSS {row['peak_rss_mb']:.0f} MB{note}")
-    finally:
-        generate_from(spec, repo, models=[model])  # back to what the spec says
-        if r.server.alive():
-            r.load(model)
     m = spec.model(model)
+    preferred = m.batching.preferred_batch_sizes
+    points = grid(batch_sizes, delays_us or [m.batching.max_queue_delay_us], [m.instances.count],
+                  preferred_of=lambda b: [s for s in preferred if s <= b])
+    live = LiveConfig(Served(r), spec, repo, model)  # last-known-good: the spec's own config
+    try:
+        for k in points:
+            refused = live.apply_knobs(spec, k)
+            if refused:
+                raise ServerError(f"max_batch {k.max_batch}, delay {k.delay_us} us: {refused}")
+            with PeakRss(r.server.proc.pid) as rss:
+                result = measure(r.endpoints, model, load, classes)
+            row = row_from(result, k.max_batch, k.delay_us, rss.peak_mb)
+            rows.append(row)
+            note = "  (generator-limited)" if row["generator_warning"] else ""
+            log(f"  [{len(rows)}/{len(points)}] max_batch {k.max_batch:>2} delay {k.delay_us:>6} us: "
+                f"{row['throughput_rps']:7.1f} req/s  P95 {row['p95_ms']:7.2f} ms  "
+                f"peak RSS {row['peak_rss_mb']:.0f} MB{note}")
+    finally:
+        live.restore(restart=False)  # back to what the spec says
     return write_sweep_report(rows, out_dir, slo_p95_ms=m.slo.p95_ms, memory_budget_mb=m.memory_budget_mb,
                               title=f"Batch-size sweep: {model}",
                               load=f"{load.describe()}; {load.warmup_s:g} s warm-up, {load.duration_s:g} s steady")

@@ -2,7 +2,7 @@
 
 Triton's statistics keep, per executed batch size, how many executions there were and how long
 their compute stages took. A weighted least-squares line through those points is the whole model.
-From it follow the figures the tuner starts from (DESIGN.md):
+From it follow the figures the tuner starts from (ARCHITECTURE.md):
 
     capacity      Φ(B)  = p * B / T(B)          p: instances that really run in parallel
     expected batch E[B] = λ * W                 (capped by the max batch)

@@ -1,0 +1,39 @@
+"""`tritonkit validate` and `tritonkit configs`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tritonkit.commandline import DEFAULT_REPO, say, spec_arg
+from tritonkit.configs.generate import generate
+from tritonkit.configs.loader import load_spec
+
+
+def cmd_validate(a: argparse.Namespace) -> int:
+    spec = load_spec(a.spec, a.repo)
+    say(f"{a.spec}: ok ({len(spec.models)} model(s): {', '.join(m.name for m in spec.models)})")
+    return 0
+
+
+def cmd_configs(a: argparse.Namespace) -> int:
+    for r in generate(load_spec(a.spec, a.out), a.out, a.target, a.model or None):
+        state = "updated" if r.changed else "unchanged"
+        say(f"{r.config_path}: {state} (runtime {r.runtime})")
+    return 0
+
+
+def register(sub) -> None:
+    sp = sub.add_parser("validate", help="check deploy.yaml and the ONNX files it names")
+    spec_arg(sp)
+    sp.add_argument("--repo", type=Path, default=DEFAULT_REPO,
+                    help="repository `tritonkit build` wrote: its prepared graphs are checked instead of the originals")
+    sp.set_defaults(func=cmd_validate)
+
+    sp = sub.add_parser("configs", help="generate config.pbtxt and version folders")
+    spec_arg(sp)
+    sp.add_argument("--out", type=Path, default=DEFAULT_REPO)
+    sp.add_argument("--target", choices=["local", "ngc"], default="local",
+                    help="server the repository is for: the bundled local server or an NGC image")
+    sp.add_argument("--model", action="append", help="only this model (repeatable)")
+    sp.set_defaults(func=cmd_configs)

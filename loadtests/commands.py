@@ -1,0 +1,161 @@
+"""`tritonkit loadtest` and `tritonkit route`, and the load flags `sweep` shares."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tritonkit.clients.router import RouterPolicy, parse_urls
+from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, say, spec_arg
+from tritonkit.configs.loader import load_spec
+from tritonkit.configs.steps import serve_configured
+from tritonkit.errors import InputError, flag_problem
+from tritonkit.files import write_bytes_atomic
+from tritonkit.loadtests.load import Load, RequestClass
+from tritonkit.loadtests.measure import measure_by
+from tritonkit.loadtests.results import format_result, format_router, write_result
+from tritonkit.loadtests.routed import measure_router, route_requests
+
+FREE_PORTS = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
+
+
+def load_from(a: argparse.Namespace) -> Load:
+    return Load.from_flags(a.rate, a.users, a.duration, a.warmup, a.arrival, a.shape)
+
+
+def cmd_loadtest(a: argparse.Namespace) -> int:
+    load, classes = load_from(a), RequestClass.from_flags(a.request_class)
+    if a.router:
+        return _loadtest_router(a, load, classes)
+    if a.coalesce or a.duplicates is not None:
+        raise InputError([flag_problem("--coalesce/--duplicates", "they shape traffic through a router: "
+                                                                  "add --router HOST:PORT,HOST:PORT")])
+    a.engine = a.engine or "locust"
+    spec = load_spec(a.spec, a.repo)
+    model = spec.model(a.model)  # an unknown model is an InputError listing the known ones
+    if a.url:  # a server that is already running; the spec only describes the model's inputs
+        result = measure_by(a.engine, model, load, classes, url=a.url, metrics=a.metrics_url, log_dir=a.out)
+    else:
+        with serve_configured(spec, a.repo, a.state_dir, models=[a.model], ports=FREE_PORTS, log=say) as r:
+            e = r.endpoints
+            url = e.http if a.engine == "locust" else e.grpc
+            result = measure_by(a.engine, model, load, classes, url=url, metrics=e.metrics, log_dir=a.out)
+    say(format_result(result))
+    js, cs = write_result(result, a.out)
+    say(f"wrote {js} and {cs}")
+    return 0
+
+
+def _loadtest_router(a: argparse.Namespace, load: Load, classes) -> int:
+    """`loadtest --router`: the asyncio generator through a router over servers already running."""
+    if a.engine == "locust":
+        raise InputError([flag_problem("--engine locust", "--router sends with the asyncio engine: drop --engine "
+                                                          "or pass --engine asyncio")])
+    if a.url:
+        raise InputError([flag_problem("--url", "give either --url (one server) or --router (several), not both")])
+    urls, policy = parse_urls(a.router, "--router"), RouterPolicy.from_flags(a.deadline_ms, a.hedge, a.duplicates)
+    result = measure_router(urls, a.model, load, classes, policy=policy, coalesce=a.coalesce,
+                            duplicates=a.duplicates)
+    say(format_result(result))
+    js, cs = write_result(result, a.out)
+    say(f"wrote {js} and {cs}")
+    return 0
+
+
+def cmd_route(a: argparse.Namespace) -> int:
+    urls = parse_urls(a.endpoints, "--endpoints")
+    policy = RouterPolicy.from_flags(a.deadline_ms, a.hedge, a.duplicates)
+    if a.requests < 1 or a.concurrency < 1:
+        raise InputError([flag_problem("--requests/--concurrency",
+                                       "give at least 1 request and 1 concurrent sender")])
+    section = route_requests(urls, a.model, a.requests, concurrency=a.concurrency, policy=policy,
+                             coalesce=a.coalesce, duplicates=a.duplicates, priority=a.priority,
+                             timeout_us=a.timeout_us, seed=a.seed)
+    say("\n".join(format_router(section)))
+    if a.json:
+        write_bytes_atomic(a.json, json.dumps(section, indent=2).encode())
+        say(f"wrote {a.json}")
+    return 0
+
+
+def load_args(sp: argparse.ArgumentParser, out: str) -> None:
+    """The flags of a measured load (`loadtest`, `sweep`); Load.from_flags checks them."""
+    spec_arg(sp)
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
+    sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+    sp.add_argument("--rate", type=float, help="open loop: arrivals per second")
+    sp.add_argument("--arrival", choices=["poisson", "constant"], default="poisson")
+    sp.add_argument("--users", type=int, help="closed loop: concurrent clients")
+    sp.add_argument("--duration", type=float, default=10.0, help="steady window, seconds")
+    sp.add_argument("--warmup", type=float, default=2.0, help="warm-up, seconds (not counted)")
+    sp.add_argument("--shape", choices=["constant", "step", "ramp", "spike", "updown"], default="constant",
+                    help="how the rate (or the users) moves over the steady window")
+    sp.add_argument("--class", dest="request_class", action="append", metavar="NAME:WEIGHT:PRIO[:TIMEOUT_US]",
+                    help="a request class (repeatable), e.g. interactive:1:1:50000 and bulk:3:2")
+    sp.add_argument("--out", type=Path, default=Path(out))
+
+
+def _router_args(sp: argparse.ArgumentParser) -> None:
+    """RouterPolicy.from_flags checks them."""
+    sp.add_argument("--deadline-ms", type=float, default=2000.0,
+                    help="per-request deadline across all attempts (default: %(default)g)")
+    sp.add_argument("--hedge", type=float, default=0.0, metavar="SHARE",
+                    help="hedge slow requests on a second endpoint, at most this share of extra requests "
+                         "(e.g. 0.05; default 0: off)")
+    sp.add_argument("--coalesce", action="store_true",
+                    help="identical requests in flight share one inference")
+    sp.add_argument("--duplicates", type=float, default=None, metavar="SHARE",
+                    help="send this share of requests as repeats of the latest payload (e.g. 0.5); "
+                         "the others carry fresh random inputs")
+
+
+ROUTE_DESCRIPTION = (
+    "Route requests over two or more running Triton servers (gRPC), the edge\n"
+    "(local) one first.\n\n"
+    "Each request goes where P95(service time) + network round trip is lowest: service\n"
+    "times come from the router's own recent requests, round trips from health pings.\n"
+    "On an error, or no answer within 5x an endpoint's expected latency, it is retried\n"
+    "on the next best endpoint inside its deadline (--deadline-ms). --hedge sends a\n"
+    "second copy of a slow request within a budget of extra requests. A circuit breaker\n"
+    "takes out an endpoint after 5 consecutive failures and probes it back after 2 s;\n"
+    "5% of requests (at most 5/s per endpoint) explore another endpoint, so one that\n"
+    "recovered is measured again.\n"
+    "--coalesce lets identical requests in flight share one inference. Prints per\n"
+    "endpoint: share, sent/ok/failed, retries and hedges taken, latency P50/P95, RTT,\n"
+    "breaker state, and Triton's own inference and response-cache-hit counts.")
+
+
+def register(sub) -> None:
+    sp = sub.add_parser("loadtest", help="measure a model under load (Locust headless): exact percentiles, "
+                                         "server breakdown, generator health")
+    load_args(sp, "out/loadtest")
+    sp.add_argument("--engine", choices=["locust", "asyncio"], default=None,
+                    help="locust: tritonclient HTTP users (default); asyncio: the lighter gRPC generator "
+                         "(the only one with --router)")
+    sp.add_argument("--url", help="HOST:PORT of a running server (HTTP for locust, gRPC for asyncio); "
+                                  "default: start one from the spec")
+    sp.add_argument("--metrics-url", help="with --url: Triton's metrics URL, for its summary quantiles")
+    sp.add_argument("--router", metavar="HOST:PORT,HOST:PORT",
+                    help="send through the router over these running servers' gRPC endpoints (edge first) with "
+                         "the asyncio engine; the result gains each endpoint's share and latency")
+    _router_args(sp)
+    sp.set_defaults(func=cmd_loadtest)
+
+    sp = sub.add_parser(
+        "route", help="send requests through the edge/remote router and print where they went",
+        formatter_class=argparse.RawDescriptionHelpFormatter, description=ROUTE_DESCRIPTION,
+        epilog="example: tritonkit route --endpoints 127.0.0.1:8001,10.0.0.5:8001 --model edge_mlp "
+               "--requests 500 --concurrency 8 --coalesce --duplicates 0.3")
+    sp.add_argument("--endpoints", required=True, metavar="HOST:PORT,HOST:PORT",
+                    help="gRPC endpoints, the edge (local) server first")
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--requests", type=int, default=200, help="requests to send (default: %(default)s)")
+    sp.add_argument("--concurrency", type=int, default=4, help="requests in flight (default: %(default)s)")
+    sp.add_argument("--priority", type=int, default=0, help="Triton priority level (0: the model's default)")
+    sp.add_argument("--timeout-us", type=int, default=None, help="Triton queue timeout, passed through")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--json", type=Path, help="also write the per-endpoint table as JSON here")
+    _router_args(sp)
+    sp.set_defaults(func=cmd_route)

@@ -1,0 +1,47 @@
+"""One measurement against a running server, by either engine, in the one result schema."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from tritonkit.loadtests.asyncgen import run_load
+from tritonkit.loadtests.load import Load, RequestClass
+from tritonkit.loadtests.locust_run import input_ranges, run_locust
+from tritonkit.loadtests.results import build_result
+from tritonkit.loadtests.server_stats import summary_quantiles
+
+
+def measure(endpoints, model: str, load: Load, classes: list[RequestClass] | None = None, *,
+            seed: int = 0) -> dict:
+    """One measurement with the asyncio gRPC generator against a running server's `endpoints`."""
+    return measure_grpc(endpoints.grpc, model, load, classes, metrics=endpoints.metrics, seed=seed)
+
+
+def measure_grpc(url: str, model: str, load: Load, classes: list[RequestClass] | None = None, *,
+                 metrics: str | None = None, seed: int = 0) -> dict:
+    """Statistics at the window's edges, the asyncio generator's load in between."""
+    classes = classes or [RequestClass()]
+    out = asyncio.run(run_load(url, model, load, classes, seed=seed))
+    return build_result(model, load, classes, out, _quantiles(metrics, model))
+
+
+def measure_by(engine: str, model_spec, load: Load, classes: list[RequestClass] | None, *, url: str,
+               metrics: str | None = None, log_dir: Path | None = None) -> dict:
+    """One measurement by the chosen engine at `url` (HOST:PORT): Locust over HTTP or asyncio gRPC."""
+    classes = classes or [RequestClass()]
+    if engine == "asyncio":
+        return measure_grpc(url, model_spec.name, load, classes, metrics=metrics)
+    result = run_locust(url, model_spec.name, load, classes, ranges=input_ranges(model_spec),
+                        log_path=log_dir and Path(log_dir) / "locust.log")
+    result["server_summary_us"] = _quantiles(metrics, model_spec.name)
+    return result
+
+
+def _quantiles(metrics: str | None, model: str) -> dict:
+    if not metrics:
+        return {}
+    try:
+        return summary_quantiles(metrics, model)
+    except OSError:
+        return {}

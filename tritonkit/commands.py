@@ -1,0 +1,81 @@
+"""The core's commands: `sample-model`, `serve` and `demo` (the whole loop)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import time
+from pathlib import Path
+
+from tritonkit import sample_model
+from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, port_overrides, say, spec_arg
+from tritonkit.configs.loader import load_spec
+from tritonkit.configs.steps import serve_configured
+from tritonkit.demo import run_demo
+from tritonkit.errors import KitError
+from tritonkit.spec import parse_spec
+
+
+def cmd_sample_model(a: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    sample_model.write(a.out, width=a.width, layers=a.layers, seed=a.seed)
+    say(f"wrote {a.out} ({a.layers} x {a.width}x{a.width} FP32 MLP, {a.out.stat().st_size / 2**20:.0f} MiB) "
+        f"in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    spec = load_spec(a.spec, a.repo)
+    stop = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stop["signal"] = signum
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    with serve_configured(spec, a.repo, a.state_dir, ports=port_overrides(a), log=say) as r:
+        ep = r.endpoints
+        say(f"serving {', '.join(m.name for m in spec.models)}\n"
+            f"  HTTP     http://{ep.http}\n  gRPC     {ep.grpc}\n  metrics  {ep.metrics}\n"
+            f"  model control needs header {ep.key_header!r} (value in {a.state_dir}/server.json, or "
+            f"${spec.server.restricted_key.value_env})\nCtrl-C stops the server.")
+        while stop["signal"] is None:
+            if not r.server.alive():
+                raise KitError(f"tritonserver exited unexpectedly: {r.server.failure_reason()}")
+            time.sleep(0.2)
+        say("stopping ...")
+    return 0
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    # Parsed only: the demo writes the sample model first, then checks the graphs (run_demo).
+    run_demo(parse_spec(a.spec), a.repo, a.state_dir, requests=a.requests, concurrency=a.concurrency, out=a.out)
+    return 0
+
+
+def register(sub) -> None:
+    sp = sub.add_parser("sample-model", help="write the sample ONNX model (an MLP; no downloads)")
+    sp.add_argument("--out", type=Path, default=Path("models/edge_mlp.onnx"))
+    sp.add_argument("--width", type=int, default=2048)
+    sp.add_argument("--layers", type=int, default=4)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.set_defaults(func=cmd_sample_model)
+
+    sp = sub.add_parser("serve", help="serve the spec's models with a local tritonserver until Ctrl-C")
+    spec_arg(sp)
+    sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
+    sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+    for port in ("http-port", "grpc-port", "metrics-port"):
+        sp.add_argument(f"--{port}", type=int, help=f"override server.{port.replace('-', '_')} (0: a free port)")
+    sp.set_defaults(func=cmd_serve)
+
+
+def register_demo(sub) -> None:
+    sp = sub.add_parser("demo", help="the whole loop on this machine with a real tritonserver")
+    spec_arg(sp)
+    sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
+    sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+    sp.add_argument("--requests", type=int, default=2000)
+    sp.add_argument("--concurrency", type=int, default=32)
+    sp.add_argument("--out", type=Path, default=Path("out/demo"), help="load test and sweep results")
+    sp.set_defaults(func=cmd_demo)

@@ -1,0 +1,136 @@
+"""The one way a config is put in force on a live server, used by the tuner's trials, the sweep,
+the tuner bench (through the trials) and the online sidecar:
+
+    apply knobs -> write the config -> reload through model control -> verify what Triton
+    reports -> on any failure, restore the last-known-good config (restarting the server if it died)
+
+- `LiveConfig` works from the spec: a candidate is a spec variant (`Knobs.apply`), written by
+  `configs.generate` (every rule checked, atomic write, `.last-good` kept) and loaded from the
+  repository. Used where the kit owns the repository (offline tuning, the sweep).
+- `load_verified` is the reload-and-verify step on its own, for a ModelConfig: the online sidecar
+  loads its candidate through the API (it may have no repository), then writes it if it has one.
+
+"Last-known-good" is the last config that loaded, matched what was asked, and served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from tritonkit.clients import Client, TritonRequestError
+from tritonkit.configs.generate import generate, parse
+from tritonkit.errors import ServerError
+from tritonkit.serving import Running
+from tritonkit.spec import Spec
+from tritonkit.tuner.knobs import Knobs
+
+
+class LiveServer(Protocol):
+    """What LiveConfig needs of the server it changes."""
+
+    r: Running | None
+
+    def alive(self, grace_s: float = 0.0) -> bool: ...
+
+    def restart(self) -> Running: ...
+
+
+class Served:
+    """A server someone else started and owns (the sweep's): it cannot be restarted here."""
+
+    def __init__(self, r: Running):
+        self.r = r
+
+    def alive(self, grace_s: float = 0.0) -> bool:
+        return self.r.server.alive(grace_s)
+
+    def restart(self) -> Running:
+        raise ServerError(f"tritonserver stopped: {self.r.server.failure_reason()}")
+
+
+def mismatch(asked: mc.ModelConfig, reported: mc.ModelConfig) -> str | None:
+    """Why the config Triton reports is not the one asked for (the knobs the kit turns)."""
+    fields = {
+        "max_batch_size": (asked.max_batch_size, reported.max_batch_size),
+        "max_queue_delay_microseconds": (asked.dynamic_batching.max_queue_delay_microseconds,
+                                         reported.dynamic_batching.max_queue_delay_microseconds),
+        "preferred_batch_size": (list(asked.dynamic_batching.preferred_batch_size),
+                                 list(reported.dynamic_batching.preferred_batch_size)),
+        "instances": (sum(g.count for g in asked.instance_group), sum(g.count for g in reported.instance_group)),
+    }
+    if not fields["preferred_batch_size"][0]:
+        del fields["preferred_batch_size"]  # none asked: Triton may fill in its own (e.g. [1] at max batch 1)
+    bad = [f"{k} {want} (Triton reports {got})" for k, (want, got) in fields.items() if want != got]
+    return f"Triton serves a different config: {', '.join(bad)}" if bad else None
+
+
+def load_verified(client: Client, model: str, asked: mc.ModelConfig, override: bool) -> None:
+    """Reload `model` (with `asked` passed through the API when `override`, else from its file) and
+    check what Triton reports. Raises TritonRequestError (refused) or ServerError (mismatch)."""
+    client.load(model, asked if override else None)
+    why = mismatch(asked, client.config(model))
+    if why:
+        raise ServerError(why)
+
+
+class LiveConfig:
+    """The config of one model of a live server, changed only through `apply` and `restore`."""
+
+    def __init__(self, server: LiveServer, spec: Spec, repo: Path, model: str,
+                 log: Callable[[str], None] = lambda s: None):
+        self.server, self.repo, self.model, self.log = server, Path(repo), model, log
+        self.good: Spec = spec  # exactly what served last; the spec's own config to begin with
+        self.current: Spec = spec
+        self.restarts = 0
+        self.max_restarts = 3
+
+    @property
+    def config_path(self) -> Path:
+        return self.repo / self.model / "config.pbtxt"
+
+    def apply(self, candidate: Spec) -> str | None:
+        """Make `candidate` the serving config. None when it serves as asked; otherwise why not
+        (and the last-known-good config is serving again). The kit's own rules refusing it is an
+        InputError, raised before anything is written."""
+        generate(candidate, self.repo, models=[self.model])
+        try:
+            with self.server.r.client() as c:
+                load_verified(c, self.model, parse(self.config_path.read_text()), override=False)
+        except (TritonRequestError, ServerError) as e:
+            alive = self.server.alive(grace_s=1.0)  # a refusal, or the server dying under the load call?
+            if not alive:
+                reason = "tritonserver died while loading it"
+            elif isinstance(e, TritonRequestError):
+                reason = f"Triton refused it: {str(e)[:300]}"
+            else:
+                reason = str(e)[:300]
+            self.log(f"    {reason}; back to the last-known-good config")
+            self.restore()
+            return reason
+        self.current = candidate
+        return None
+
+    def apply_knobs(self, spec: Spec, knobs: Knobs) -> str | None:
+        return self.apply(knobs.apply(spec, self.model))
+
+    def keep(self) -> None:
+        """The config in force served a measurement: it is the last-known-good now."""
+        self.good = self.current
+
+    def restore(self, restart: bool = True) -> None:
+        """Write the last-known-good config back and serve it (restarting a dead server, if allowed)."""
+        generate(self.good, self.repo, models=[self.model])
+        self.current = self.good
+        if self.server.alive():
+            self.server.r.load(self.model)
+        elif restart:
+            self.restarts += 1
+            if self.restarts > self.max_restarts:
+                raise ServerError(f"tritonserver died more than {self.max_restarts} times during tuning; the "
+                                  "last-known-good config is back in the repository")
+            self.log("    tritonserver is gone: restarting it with the last-known-good config")
+            self.server.restart()

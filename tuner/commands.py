@@ -1,0 +1,118 @@
+"""`tritonkit sweep`, `tritonkit tune` (offline and --online) and `tritonkit bench`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, say, spec_arg
+from tritonkit.configs.loader import load_spec
+from tritonkit.configs.steps import serve_configured
+from tritonkit.loadtests.bench import run_bench
+from tritonkit.loadtests.commands import FREE_PORTS, load_args, load_from
+from tritonkit.server import read_state
+from tritonkit.spec import parse_spec
+from tritonkit.tuner.bench import run_tuner_bench
+from tritonkit.tuner.online import OnlineSettings, run_online
+from tritonkit.tuner.run import tune_offline
+from tritonkit.tuner.settings import TuneSettings
+from tritonkit.tuner.sweep import BATCH_SIZES, sweep
+
+
+def cmd_sweep(a: argparse.Namespace) -> int:
+    load = load_from(a)
+    spec = load_spec(a.spec, a.repo)
+    sizes = [b for b in BATCH_SIZES if b <= a.max_batch]
+    with serve_configured(spec, a.repo, a.state_dir, models=[a.model], ports=FREE_PORTS, log=say) as r:
+        say(f"sweep over max batch sizes {sizes}: {load.describe()}")
+        files = sweep(r, spec, a.repo, a.model, load, a.out, batch_sizes=sizes, delays_us=a.delay_us, log=say)
+    say(f"report: {files['report.md']}")
+    return 0
+
+
+def cmd_tune(a: argparse.Namespace) -> int:
+    s = TuneSettings(p95_ms=a.p95_ms, rps=a.rps, max_trials=a.max_trials, max_errors=a.max_errors,
+                     max_batch=a.max_batch, interval_s=a.interval, cooldown_s=a.cooldown, duration_s=a.duration)
+    if a.online:
+        # The sidecar reads the spec for the SLO only: no ONNX file where it runs, so no graph rules.
+        spec = parse_spec(a.spec)
+        # The server `tritonkit serve` started from here, unless --url names another one.
+        local = read_state(a.state_dir)
+        url = a.url or (local.grpc if local else "127.0.0.1:8001")
+        headers = local.key_headers if local and local.grpc == url else None
+        settings = OnlineSettings(interval_s=s.interval_s, cooldown_s=s.cooldown_s, dry_run=a.dry_run)
+        run_online(spec, a.model, url, settings, repo=a.repo, p95_ms=s.p95_ms, duration_s=s.duration_s,
+                   out_dir=a.out, key_headers=headers, log=say)
+        return 0
+    repo = a.repo or DEFAULT_REPO
+    spec = load_spec(a.spec, repo)  # a model `tritonkit build` prepared is tuned as built
+    result = tune_offline(spec, a.model, repo, a.state_dir, a.out, p95_ms=s.p95_ms, rps=s.rps,
+                          max_trials=s.max_trials, max_error_ratio=s.max_errors, max_batch=s.max_batch, log=say)
+    t = result.tuning
+    say(f"\nbefore: {t.baseline.knobs.label()}  ->  after: {t.best.knobs.label()}")
+    for name in ("report.md", "trials.json", "tuned.yaml"):
+        if name in result.files:
+            say(f"wrote {result.files[name]}")
+    if not t.confirmed:
+        say("no config met the SLO on a second measurement: nothing was changed (see the report)")
+        return 1
+    return 0
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    if a.what == "generators":
+        run_bench(a.out, seconds=a.seconds, users=a.users, rate=a.rate, log=say)
+        say(f"wrote {a.out / 'bench.json'}")
+    elif a.what == "tuner":
+        spec = load_spec(a.spec, a.repo)
+        model = a.model or spec.models[0].name
+        run_tuner_bench(spec, model, a.repo, a.state_dir, a.out, max_trials=a.max_trials, log=say)
+        say(f"wrote {a.out / 'bench_tuner.json'}")
+    return 0
+
+
+def register(sub) -> None:
+    sp = sub.add_parser("sweep", help="batch-size sweep with plots and a recommendation")
+    load_args(sp, "out/sweep")
+    sp.add_argument("--max-batch", type=int, default=64)
+    sp.add_argument("--delay-us", type=int, action="append", help="queue delays to sweep (repeatable)")
+    sp.set_defaults(func=cmd_sweep)
+
+    sp = sub.add_parser("tune", help="rewrite config.pbtxt from measured P95: offline search or --online sidecar")
+    spec_arg(sp)
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--p95-ms", type=float, help="the P95 SLO (default: the model's slo.p95_ms)")
+    sp.add_argument("--rps", type=float, help="offline: the lowest P95 at this rate (default: the highest rate "
+                                              "that meets the SLO)")
+    sp.add_argument("--max-trials", type=int, default=30, help="offline: measurement runs at most")
+    sp.add_argument("--max-errors", type=float, default=0.01, help="offline: error ratio a trial may have")
+    sp.add_argument("--max-batch", type=int, help="offline: the largest max batch to try (default: the spec's; "
+                                                  "never above the memory plan's bound)")
+    sp.add_argument("--repo", type=Path, help=f"the model repository (offline default: {DEFAULT_REPO}; online: "
+                                               "accepted configs are also written there, so a restart keeps them)")
+    sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+    sp.add_argument("--out", type=Path, default=Path("out/tune"))
+    sp.add_argument("--online", action="store_true", help="watch a live server and adjust the queue delay and "
+                                                          "preferred sizes within guardrails")
+    sp.add_argument("--url", help="online: Triton's gRPC HOST:PORT (default 127.0.0.1:8001)")
+    sp.add_argument("--metrics-url", help="online: accepted for the sidecar; the decisions use the statistics API")
+    sp.add_argument("--dry-run", action="store_true", help="online: only log what would change")
+    sp.add_argument("--interval", type=float, default=5.0, help="online: seconds per observation window")
+    sp.add_argument("--cooldown", type=float, default=15.0, help="online: seconds between two changes")
+    sp.add_argument("--duration", type=float, help="online: stop after this many seconds (default: until Ctrl-C)")
+    sp.set_defaults(func=cmd_tune)
+
+    sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
+    sp.add_argument("what", choices=["generators", "tuner"],
+                    help="generators: Locust HTTP vs asyncio gRPC capacity and distortion; "
+                         "tuner: the tuner against an exhaustive grid over the same knobs")
+    spec_arg(sp)
+    sp.add_argument("--model", help="tuner: the model (default: the spec's first)")
+    sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
+    sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+    sp.add_argument("--max-trials", type=int, default=30, help="tuner: the tuner's trial budget")
+    sp.add_argument("--out", type=Path, default=Path("out/bench"))
+    sp.add_argument("--seconds", type=float, default=5.0, help="steady window of each run")
+    sp.add_argument("--users", type=int, default=16, help="closed-loop clients for the capacity runs")
+    sp.add_argument("--rate", type=float, default=200.0, help="open-loop rate for the distortion runs")
+    sp.set_defaults(func=cmd_bench)

@@ -1,0 +1,32 @@
+"""What `tritonkit tune` is asked for, each value checked once, here, with the flag that sets it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tritonkit.errors import raise_flag_problems
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    p95_ms: float | None = None  # None: the model's slo.p95_ms
+    rps: float | None = None  # offline: the lowest P95 at this rate; None: the highest rate within the SLO
+    max_trials: int = 30  # offline
+    max_errors: float = 0.01  # offline: error ratio a trial may have
+    max_batch: int | None = None  # offline: the largest max batch to try
+    interval_s: float = 5.0  # online: seconds per observation window
+    cooldown_s: float = 15.0  # online: seconds between two changes
+    duration_s: float | None = None  # online: None runs until Ctrl-C
+
+    def __post_init__(self) -> None:
+        raise_flag_problems([
+            ("--p95-ms", self.p95_ms is None or self.p95_ms > 0, "give the P95 SLO in ms, above 0, e.g. 25"),
+            ("--rps", self.rps is None or self.rps > 0, "give a rate above 0, e.g. 400"),
+            ("--max-trials", self.max_trials >= 5, "allow at least 5 trials (calibration alone takes 3)"),
+            ("--max-errors", 0 <= self.max_errors < 1, "give a ratio within 0..1, e.g. 0.01"),
+            ("--max-batch", self.max_batch is None or self.max_batch >= 1, "give a max batch of at least 1"),
+            ("--interval", self.interval_s > 0, "give a window above 0 s, e.g. 5"),
+            ("--cooldown", self.cooldown_s >= 0, "give a cool-down of 0 s or more"),
+            ("--duration", self.duration_s is None or self.duration_s > 0,
+             "give a duration above 0 s, or leave it out"),
+        ])
