@@ -18,7 +18,7 @@ from tritonkit.clients.errors import UnavailableError
 from tritonkit.loadtests.load import Load
 from tritonkit.spec import QueuePolicy
 from tritonkit.tuner.costmodel import CostModel
-from tritonkit.tuner.knobs import Knobs, grid
+from tritonkit.tuner.knobs import Knobs, batch_sizes, grid
 from tritonkit.tuner.offline import RATE_STEP, Objective, Search, predict_p95
 from tritonkit.tuner.online import Controller, OnlineSettings, Window
 from tritonkit.tuner.trials import Trial
@@ -90,7 +90,7 @@ def test_offline_search_finds_near_the_grid_best_within_its_budget():
     sim = SimulatedTrials()
     spec_knobs = Knobs(16, 8000, 1)
     tuning = Search(sim, Objective(SLO_MS), bound=16, max_trials=30, log=lambda s: None).run(spec_knobs)
-    grid_best = max(best_sustained(k) for k in grid(16))
+    grid_best = max(best_sustained(k) for k in grid(batch_sizes(16)))
     assert tuning.confirmed and tuning.best.passed
     assert tuning.best.rate >= 0.85 * grid_best, (tuning.best.rate, grid_best)
     assert tuning.best.rate >= tuning.baseline.rate  # never worse than the spec's own config
