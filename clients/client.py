@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
-from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
+from tritonclient.utils import np_to_triton_dtype
 
 from tritonkit.clients.errors import BadInputError, classify
+from tritonkit.input_rules import InputRule
+from tritonkit.inputs import Sampler, rules_from_config, sampler_for
 
 
 @dataclass(frozen=True)
@@ -32,28 +35,15 @@ class ModelMeta:
     inputs: tuple[TensorMeta, ...]
     outputs: tuple[TensorMeta, ...]
     max_batch_size: int
+    rules: tuple[InputRule, ...] = ()  # what requests may carry (the config's tritonkit_inputs)
 
-    def random_inputs(self, batch: int = 1, rng: np.random.Generator | None = None,
-                      dims: dict[str, list[int]] | None = None) -> dict[str, np.ndarray]:
-        """Random data matching the metadata. Dynamic dims take `dims[name]` (per sample) or 1."""
-        rng = rng or np.random.default_rng()
-        out = {}
-        for t in self.inputs:
-            per_sample = list(t.shape[1:] if self.max_batch_size > 0 else t.shape)
-            chosen = (dims or {}).get(t.name)
-            per_sample = [c if d == -1 else d for d, c in zip(per_sample, chosen)] if chosen else \
-                [1 if d == -1 else d for d in per_sample]
-            shape = ([batch] if self.max_batch_size > 0 else []) + per_sample
-            dtype = triton_to_np_dtype(t.datatype)
-            if np.issubdtype(dtype, np.floating):
-                out[t.name] = rng.standard_normal(shape).astype(dtype)
-            elif dtype == np.bool_:
-                out[t.name] = rng.integers(0, 2, shape).astype(np.bool_)
-            elif np.issubdtype(dtype, np.integer):
-                out[t.name] = rng.integers(0, 100, shape).astype(dtype)
-            else:
-                out[t.name] = np.array([b"x"] * int(np.prod(shape)), dtype=np.object_).reshape(shape)
-        return out
+    def sampler(self, input_data: Path | None = None, seed: int = 0) -> Sampler:
+        """The one sampler for this model: generated inputs by its rules, or `input_data` cycled."""
+        return sampler_for(list(self.rules), self.max_batch_size > 0, input_data, seed)
+
+    def random_inputs(self, batch: int = 1, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        """One generated request of `batch` samples (see tritonkit/inputs.py)."""
+        return Sampler(list(self.rules), self.max_batch_size > 0, rng=rng)(batch)
 
 
 def _protocol_module(protocol: str, aio: bool):
@@ -82,7 +72,7 @@ def meta_from_triton(name: str, metadata: dict, config: mc.ModelConfig) -> Model
         return tuple(TensorMeta(t["name"], t["datatype"], tuple(int(d) for d in t["shape"])) for t in items)
 
     return ModelMeta(name, tensors(metadata.get("inputs", [])), tensors(metadata.get("outputs", [])),
-                     config.max_batch_size)
+                     config.max_batch_size, tuple(rules_from_config(config)))
 
 
 def config_from_triton(obj: Any) -> mc.ModelConfig:

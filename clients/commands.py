@@ -6,8 +6,6 @@ import argparse
 import time
 from pathlib import Path
 
-import numpy as np
-
 from tritonkit.clients.client import Client
 from tritonkit.commandline import DEFAULT_STATE, say
 from tritonkit.errors import InputError, Problem
@@ -24,7 +22,7 @@ def cmd_infer(a: argparse.Namespace) -> int:
         url = ep.grpc if a.protocol == "grpc" else ep.http
     with Client(url, a.protocol) as c:
         meta = c.metadata(a.model)
-        arrays = meta.random_inputs(a.batch, np.random.default_rng(a.seed))
+        arrays = meta.sampler(a.input_data, a.seed)(a.batch)
         t0 = time.perf_counter()
         out = c.infer(a.model, arrays, priority=a.priority, timeout_us=a.timeout_us)
         ms = (time.perf_counter() - t0) * 1e3
@@ -37,7 +35,7 @@ def cmd_infer(a: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    sp = sub.add_parser("infer", help="send one request with random data matching the model's metadata")
+    sp = sub.add_parser("infer", help="send one request: generated inputs by the model's rules, or real data")
     sp.add_argument("--model", required=True)
     sp.add_argument("--url", help="HOST:PORT (default: the server `tritonkit serve` started from here)")
     sp.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
@@ -45,5 +43,8 @@ def register(sub) -> None:
     sp.add_argument("--priority", type=int, default=0)
     sp.add_argument("--timeout-us", type=int, default=None)
     sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--input-data", type=Path, metavar="FILE|DIR",
+                    help="send the first sample(s) of this real request data (perf_analyzer's --input-data JSON, "
+                         "or a folder of NAME.npy) instead of generated inputs")
     sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
     sp.set_defaults(func=cmd_infer)

@@ -20,10 +20,13 @@ from tritonkit.build_engines.artifacts import serving_batch, serving_problems
 from tritonkit.configs.loader import check
 from tritonkit.errors import InputError, Problem
 from tritonkit.files import copy_file_atomic, write_bytes_atomic
+from tritonkit.input_rules import PARAMETER, InputRule, rules_parameter
+from tritonkit.inputs import Sampler
 from tritonkit.spec import ModelSpec, QueuePolicy, Spec, TensorSpec
 
 VERSION = "1"  # one served version per model; the repository is regenerated, not versioned by hand
 RUNNER_FILE = "runner_model.py"
+RULES_FILE = "input_rules.py"
 
 
 @dataclass(frozen=True)
@@ -89,9 +92,40 @@ def _queue_policy(p: QueuePolicy) -> mc.ModelQueuePolicy:
     )
 
 
-def _warmup_dims(t: TensorSpec) -> list[int]:
-    shape = t.opt or t.min
-    return [d if d != -1 else (shape[j] if shape else 1) for j, d in enumerate(t.dims or [])]
+def input_rules(r: ResolvedModel) -> list[InputRule]:
+    """What requests to this model may carry, from the resolved inputs; the config carries it as
+    the `tritonkit_inputs` parameter (tritonkit/inputs.py)."""
+    def t(v):
+        return None if v is None else tuple(v)
+
+    return [InputRule(i.name, i.dtype, tuple(i.dims or ()), t(i.min), t(i.opt), t(i.max), i.stride,
+                      None if i.shapes is None else tuple(tuple(s) for s in i.shapes),
+                      t(i.values), i.value) for i in r.inputs]
+
+
+def _tensor(add, t: TensorSpec, batched: bool) -> None:
+    """A rank-0 tensor (a scalar such as a sample rate) is `dims: [1]` to Triton. With a batch axis
+    the config reshapes it to [] per sample; without one Triton refuses an empty reshape, and the
+    runner turns [1] into rank 0 and back."""
+    entry = add(name=t.name, data_type=mc.DataType.Value(f"TYPE_{t.dtype}"), dims=t.dims or [1])
+    if not t.dims and batched:
+        entry.reshape.SetInParent()
+
+
+def _warmup_input(rule: InputRule) -> mc.ModelWarmup.Input:
+    """Warm-up data that cannot crash a model: integers and booleans are zero (an index within any
+    table) unless their `values` exclude zero, floats random; the shape is the one requests use
+    most (`opt`, on the stride). A constant `value`, or values without zero, go in as a file."""
+    w = mc.ModelWarmup.Input(data_type=mc.DataType.Value(f"TYPE_{rule.dtype}"),
+                             dims=list(rule.default_shape()) or [1])
+    low, high = rule.values or (0, 0)
+    if rule.value is not None or not low <= 0 <= high:
+        w.input_data_file = rule.name
+    elif rule.dtype in ("FP16", "FP32", "FP64", "BF16"):
+        w.random_data = True
+    else:
+        w.zero_data = True
+    return w
 
 
 def build_config(r: ResolvedModel) -> mc.ModelConfig:
@@ -107,9 +141,11 @@ def build_config(r: ResolvedModel) -> mc.ModelConfig:
     else:
         cfg.platform = "tensorrt_plan"
     for t in r.inputs:
-        cfg.input.add(name=t.name, data_type=mc.DataType.Value(f"TYPE_{t.dtype}"), dims=t.dims)
+        _tensor(cfg.input.add, t, max_batch > 0)
     for t in r.outputs:
-        cfg.output.add(name=t.name, data_type=mc.DataType.Value(f"TYPE_{t.dtype}"), dims=t.dims)
+        _tensor(cfg.output.add, t, max_batch > 0)
+    rules = input_rules(r)
+    cfg.parameters[PARAMETER].string_value = rules_parameter(rules)
 
     b = m.batching
     if b.enabled and m.max_batch_size > 0:
@@ -139,10 +175,9 @@ def build_config(r: ResolvedModel) -> mc.ModelConfig:
         # Warm at batch 1 and at the largest batch, so the first full batch in production does
         # not pay the runtime's first-time allocations.
         for size in dict.fromkeys([1, max_batch] if max_batch else [0]):
-            w = cfg.model_warmup.add(name=f"random_batch_{size}", batch_size=size)
-            for t in r.inputs:
-                w.inputs[t.name].CopyFrom(mc.ModelWarmup.Input(
-                    data_type=mc.DataType.Value(f"TYPE_{t.dtype}"), dims=_warmup_dims(t), random_data=True))
+            w = cfg.model_warmup.add(name=f"warmup_batch_{size}", batch_size=size)
+            for rule in rules:
+                w.inputs[rule.name].CopyFrom(_warmup_input(rule))
     return cfg
 
 
@@ -156,6 +191,11 @@ def parse(text: str) -> mc.ModelConfig:
 
 def runner_source() -> Path:
     return Path(str(importlib.resources.files("tritonkit.configs") / RUNNER_FILE))
+
+
+def rules_source() -> Path:
+    """The input rule the runner checks requests with, copied beside it (it imports only numpy)."""
+    return Path(str(importlib.resources.files("tritonkit") / RULES_FILE))
 
 
 @dataclass
@@ -173,12 +213,21 @@ def write_model(r: ResolvedModel, cfg: mc.ModelConfig, out: Path) -> WriteReport
     changed: list[Path] = []
     if r.runtime in ("python-onnxruntime", "onnxruntime") and copy_file_atomic(r.onnx_path, version / "model.onnx"):
         changed.append(version / "model.onnx")
-    if r.runtime == "python-onnxruntime":
-        if copy_file_atomic(runner_source(), version / "model.py"):
-            changed.append(version / "model.py")
-    elif (version / "model.py").exists():
-        (version / "model.py").unlink()  # a stale runner would mislead whoever reads the folder
-        changed.append(version / "model.py")
+    runner = {"model.py": runner_source(), RULES_FILE: rules_source()}
+    for name, source in runner.items():
+        if r.runtime == "python-onnxruntime":
+            if copy_file_atomic(source, version / name):
+                changed.append(version / name)
+        elif (version / name).exists():
+            (version / name).unlink()  # a stale runner would mislead whoever reads the folder
+            changed.append(version / name)
+    for w in cfg.model_warmup[:1]:
+        for name, inp in w.inputs.items():
+            if inp.input_data_file:  # one sample; Triton repeats it for a larger warm-up batch
+                rule = next(x for x in input_rules(r) if x.name == name)
+                data = Sampler([rule], batched=False)()[name].tobytes()
+                if write_bytes_atomic(folder / "warmup" / inp.input_data_file, data):
+                    changed.append(folder / "warmup" / inp.input_data_file)
     cfg_path = folder / "config.pbtxt"
     if write_bytes_atomic(cfg_path, render(cfg).encode(), keep_previous=True):
         changed.append(cfg_path)

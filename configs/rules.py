@@ -18,16 +18,21 @@ def spec_problems(spec: Spec, check_onnx: bool = True) -> list[Problem]:
         at = f"models[{i}]"
         problems += batching_rules(file, at, m)
         problems += instance_rules(file, at, m)
-        for kind in ("inputs", "outputs"):
-            for j, t in enumerate(getattr(m, kind) or []):
-                problems += shape_range_rules(file, f"{at}.{kind}[{j}]", t)
+        io = None
         if check_onnx:
             try:
                 io = onnx_io.read_io(spec.onnx_path(m))
             except onnx_io.OnnxReadError as e:
                 problems.append(Problem(file, f"{at}.onnx", f"cannot read {spec.onnx_path(m)}: {e}",
                                         "point onnx: at a valid ONNX file (`tritonkit sample-model` writes one)"))
-                continue
+        for kind in ("inputs", "outputs"):
+            graph = {t.name: onnx_io.per_sample(t, m.max_batch_size > 0).dims for t in getattr(io, kind, ())}
+            for j, t in enumerate(getattr(m, kind) or []):
+                dims = t.dims if t.dims is not None else graph.get(t.name)
+                if dims is None and io is None:
+                    continue  # no graph read yet (`build`): checked once the graph is prepared
+                problems += shape_range_rules(file, f"{at}.{kind}[{j}]", t, dims)
+        if io is not None:
             problems += onnx_io.check_against_graph(file, at, m, io)
     return problems
 
@@ -125,27 +130,45 @@ def instance_rules(file: str, at: str, m: ModelSpec) -> list[Problem]:
     return []
 
 
-def shape_range_rules(file: str, at: str, t: TensorSpec) -> list[Problem]:
-    """min/opt/max describe per-sample shapes: same rank as dims, ordered, fixed dims unchanged."""
+def shape_range_rules(file: str, at: str, t: TensorSpec, dims: list[int] | None) -> list[Problem]:
+    """min/opt/max, `shapes` and `stride` describe per-sample shapes: the rank of `dims` (the spec's,
+    else the graph's), ordered, fixed dims unchanged, dynamic dims on the stride; `values` ordered,
+    and a constant `value` not mixed with a range of values."""
     problems: list[Problem] = []
+    if t.values is not None and t.values[0] > t.values[1]:
+        problems.append(Problem(file, f"{at}.values", f"low {t.values[0]:g} is above high {t.values[1]:g}",
+                                "write values: [low, high], e.g. [0, 30521] for token ids of a 30522-word vocabulary"))
+    if t.values is not None and t.value is not None:
+        problems.append(Problem(file, f"{at}.value", "given together with values",
+                                "keep value for a constant input, or values for a range"))
     given = {k: getattr(t, k) for k in ("min", "opt", "max") if getattr(t, k) is not None}
-    if not given:
+    shaped = given or t.shapes or t.stride
+    if not shaped:
         return problems
-    if t.dims is None:
-        return [Problem(file, f"{at}.dims", "missing, but min/opt/max are given", "add dims (-1 for dynamic)")]
-    for k, shape in given.items():
-        if len(shape) != len(t.dims):
-            problems.append(Problem(file, f"{at}.{k}", f"rank {len(shape)} differs from dims rank {len(t.dims)}",
-                                    f"give {len(t.dims)} values"))
+    if dims is None:
+        return problems + [Problem(file, f"{at}.dims", "missing, but a shape range (min/opt/max, shapes or "
+                                   "stride) is given", "add dims (-1 for dynamic)")]
+    named = [*given.items(), *((f"shapes[{k}]", s) for k, s in enumerate(t.shapes or []))]
+    for k, shape in named:
+        if len(shape) != len(dims):
+            problems.append(Problem(file, f"{at}.{k}", f"rank {len(shape)} differs from dims rank {len(dims)}",
+                                    f"give {len(dims)} values"))
             continue
-        for j, (s, d) in enumerate(zip(shape, t.dims)):
-            if s < 1:
-                problems.append(Problem(file, f"{at}.{k}[{j}]", f"{s} is below 1", "use positive sizes"))
-            elif d != -1 and s != d:
-                problems.append(Problem(file, f"{at}.{k}[{j}]", f"{s} differs from the fixed dim {d}",
+        for j, (n, d) in enumerate(zip(shape, dims)):
+            if n < 1:
+                problems.append(Problem(file, f"{at}.{k}[{j}]", f"{n} is below 1", "use positive sizes"))
+            elif d != -1 and n != d:
+                problems.append(Problem(file, f"{at}.{k}[{j}]", f"{n} differs from the fixed dim {d}",
                                         f"set it to {d}"))
-    if len(given) == 3 and all(len(s) == len(t.dims) for s in given.values()):
-        for j in range(len(t.dims)):
+            elif d == -1 and t.stride and n % t.stride:
+                problems.append(Problem(file, f"{at}.{k}[{j}]", f"{n} is not a multiple of stride {t.stride}",
+                                        f"use {max(t.stride, n // t.stride * t.stride)} or "
+                                        f"{(n // t.stride + 1) * t.stride}"))
+            elif k.startswith("shapes") and ((t.min and n < t.min[j]) or (t.max and n > t.max[j])):
+                problems.append(Problem(file, f"{at}.{k}[{j}]", f"{n} is outside min..max "
+                                        f"{(t.min or dims)[j]}..{(t.max or dims)[j]}", "keep shapes within min..max"))
+    if len(given) == 3 and all(len(s) == len(dims) for s in given.values()):
+        for j in range(len(dims)):
             lo, mid, hi = t.min[j], t.opt[j], t.max[j]
             if not lo <= mid <= hi:
                 problems.append(Problem(file, f"{at}.opt[{j}]", f"min {lo} <= opt {mid} <= max {hi} does not hold",

@@ -7,8 +7,11 @@ different dynamic dims run as separate groups; they are never padded, because pa
 results unless the model masks it. A request that cannot run gets its own error response; the
 others in the batch still succeed, and the stub never raises out of execute.
 
-Self-contained on purpose: the stub imports it with only numpy, onnxruntime and
-triton_python_backend_utils on its path.
+Before anything runs, each request's per-sample shapes are checked against the input rules the
+config carries (`tritonkit_inputs`: min/max and stride, see tritonkit/inputs.py), so one request
+above the range cannot take the box's memory; it gets an error naming the input and the limit.
+The rule is the kit's own (tritonkit/input_rules.py, copied in beside this file). A rank-0
+input arrives as Triton's reshape left it and is fed to ONNX Runtime as rank 0.
 """
 
 import json
@@ -17,6 +20,7 @@ import os
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
+from input_rules import PARAMETER, InputRule  # copied in beside this file (tritonkit/input_rules.py)
 
 
 class TritonPythonModel:
@@ -31,6 +35,8 @@ class TritonPythonModel:
         self.input_names = [i["name"] for i in config["input"]]
         self.output_names = [o["name"] for o in config["output"]]
         self.batched = config.get("max_batch_size", 0) > 0
+        rules = json.loads(params.get(PARAMETER) or "[]")
+        self.rules = {r["name"]: InputRule.from_json(r) for r in rules}
 
     def _read(self, request):
         feeds = {}
@@ -38,20 +44,34 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is None:
                 raise ValueError(f"input {name!r} is missing")
-            feeds[name] = tensor.as_numpy()
+            array = tensor.as_numpy()
+            rule = self.rules.get(name)
+            if rule is not None:
+                array = self._checked(name, rule, array)
+            feeds[name] = array
         if self.batched:
             sizes = {a.shape[0] for a in feeds.values()}
             if len(sizes) != 1:
                 raise ValueError(f"inputs disagree on the batch size: {sorted(sizes)}")
         return feeds
 
+    def _checked(self, name, rule, array):
+        if not rule.dims:  # a scalar: Triton sends [1] per sample, the graph wants rank 0
+            return array.reshape(array.shape[:1] if self.batched else ())
+        why = rule.out_of_range(tuple(array.shape[1:] if self.batched else array.shape))
+        if why:
+            raise ValueError(f"unexpected shape for input {name!r}: {why}")
+        return array
+
     def _key(self, feeds):
         # Requests can share one call only if every input matches in dtype and per-sample shape.
         return tuple((n, a.dtype.str, a.shape[1:] if self.batched else a.shape) for n, a in feeds.items())
 
     def _respond(self, outputs):
-        return pb_utils.InferenceResponse(
-            output_tensors=[pb_utils.Tensor(n, np.ascontiguousarray(o)) for n, o in zip(self.output_names, outputs)])
+        # Without a batch axis a rank-0 output is dims [1] to Triton (no reshape is allowed there).
+        fit = np.atleast_1d if not self.batched else np.asarray
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor(n, np.ascontiguousarray(fit(o))) for n, o in zip(self.output_names, outputs)])
 
     def _run_group(self, members):
         """members: [(index, feeds)]. Returns [(index, response)]."""

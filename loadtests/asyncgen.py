@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import random
 import time
+from pathlib import Path
 
-import numpy as np
 import psutil
 
 from tritonkit.clients import AsyncClient, TritonRequestError
@@ -22,12 +22,16 @@ from tritonkit.loadtests.load import Load, Outcome, RequestClass, Sample
 
 
 async def run_load(url: str, model: str, load: Load, classes: list[RequestClass] | None = None, *,
-                   protocol: str = "grpc", seed: int = 0, target=None, duplicates: float | None = None) -> Outcome:
+                   protocol: str = "grpc", seed: int = 0, target=None, duplicates: float | None = None,
+                   input_data: Path | None = None) -> Outcome:
     """Send `load` to `model` at `url`; the steady window's samples and Triton's statistics around it.
 
     `target`: an open client-like object to send through instead (an AsyncRouter: its samples then
-    name the endpoint that answered). `duplicates`: None sends one fixed payload per class; a share
-    d in [0, 1) repeats the class's latest payload and the other requests carry fresh random inputs.
+    name the endpoint that answered). Inputs come from the model's sampler (tritonkit/inputs.py):
+    `input_data` is real request data to cycle through; without it, generated data by the model's
+    rules. `duplicates`: None sends one fixed generated payload per class (fresh ones where the
+    rules vary the shape); a share d in [0, 1) repeats the class's latest payload and the other
+    requests carry fresh inputs.
     """
     classes = classes or [RequestClass()]
     rng = random.Random(seed)
@@ -36,13 +40,14 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
     cpu0 = sum(proc.cpu_times()[:2])
     async with contextlib.nullcontext(target) if target is not None else AsyncClient(url, protocol) as client:
         meta = await client.metadata(model)
-        payloads = {c.name: meta.random_inputs(c.batch, np.random.default_rng(seed)) for c in classes}
-        data_rng = np.random.default_rng(seed + 1)
+        sampler = meta.sampler(input_data, seed)
+        payloads = {c.name: sampler(c.batch) for c in classes}
+        fresh = duplicates is None and sampler.varies
         send = getattr(client, "infer_routed", client.infer)  # a router also says where it was answered
 
         def payload(cls: RequestClass) -> dict:
-            if duplicates is not None and rng.random() >= duplicates:
-                payloads[cls.name] = meta.random_inputs(cls.batch, data_rng)
+            if fresh or (duplicates is not None and rng.random() >= duplicates):
+                payloads[cls.name] = sampler(cls.batch)
             return payloads[cls.name]
 
         start = time.perf_counter()

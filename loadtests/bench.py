@@ -59,11 +59,11 @@ def run_bench(out_dir: Path, *, seconds: float = 5.0, users: int = 16, rate: flo
             model = spec.model(f"bench_{engine}")
             url = e.http if engine == "locust" else e.grpc
             log(f"== {engine}: capacity, closed loop, {users} clients, {seconds:g} s")
-            cap = measure_by(engine, model, Load(concurrency=users, duration_s=seconds, warmup_s=1), None,
+            cap = measure_by(engine, model.name, Load(concurrency=users, duration_s=seconds, warmup_s=1), None,
                              url=url, metrics=e.metrics, log_dir=out_dir / engine / "capacity")
             write_result(cap, out_dir / engine / "capacity")
             log(f"== {engine}: distortion, open loop, {rate:g} req/s, {seconds:g} s")
-            dist = measure_by(engine, model, Load(rate=rate, duration_s=seconds, warmup_s=1), None,
+            dist = measure_by(engine, model.name, Load(rate=rate, duration_s=seconds, warmup_s=1), None,
                               url=url, metrics=e.metrics, log_dir=out_dir / engine / "distortion")
             write_result(dist, out_dir / engine / "distortion")
             figures[engine] = _figures(cap, dist)

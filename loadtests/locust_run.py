@@ -2,7 +2,7 @@
 
 Locust runs in its own process: it monkey-patches the standard library for gevent, which must
 not happen inside the kit's own process (asyncio, gRPC, subprocesses). The load, the request
-classes and the input ranges go in through environment variables; the result, in the kit's one
+classes and any real request data go in through environment variables; the result, in the kit's one
 JSON schema, comes back through a file the Locust process writes when the test stops.
 """
 
@@ -17,24 +17,19 @@ from pathlib import Path
 
 from tritonkit.errors import KitError
 from tritonkit.loadtests.load import Load, RequestClass, classes_json
-from tritonkit.spec import ModelSpec
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 
 
-def input_ranges(model: ModelSpec) -> dict[str, dict[str, list[int]]]:
-    """The spec's per-sample shape ranges, in the form TRITONKIT_SHAPES takes."""
-    return {t.name: {"min": t.min, "max": t.max} for t in model.inputs or [] if t.min and t.max}
-
-
 def run_locust(http_url: str, model: str, load: Load, classes: list[RequestClass], *,
-               ranges: dict | None = None, log_path: Path | None = None) -> dict:
+               input_data: Path | None = None, log_path: Path | None = None) -> dict:
     """One headless Locust run against Triton's HTTP endpoint (HOST:PORT); the result dict."""
     with tempfile.TemporaryDirectory(prefix="tritonkit-locust-") as tmp:
         result_path = Path(tmp) / "result.json"
         env = {**os.environ, "TRITONKIT_MODEL": model, "TRITONKIT_CLASSES": classes_json(classes),
-               "TRITONKIT_LOAD": load.to_json(), "TRITONKIT_SHAPES": json.dumps(ranges or {}),
-               "TRITONKIT_RESULT_OUT": str(result_path)}
+               "TRITONKIT_LOAD": load.to_json(), "TRITONKIT_RESULT_OUT": str(result_path)}
+        if input_data is not None:
+            env["TRITONKIT_INPUT_DATA"] = str(Path(input_data).resolve())
         cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", f"http://{http_url}",
                "--stop-timeout", f"{load.drain_s:g}", "--loglevel", "WARNING", "--exit-code-on-error", "0",
                "--only-summary"]

@@ -7,34 +7,36 @@ from pathlib import Path
 
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, RequestClass
-from tritonkit.loadtests.locust_run import input_ranges, run_locust
+from tritonkit.loadtests.locust_run import run_locust
 from tritonkit.loadtests.results import build_result
 from tritonkit.loadtests.server_stats import summary_quantiles
 
 
 def measure(endpoints, model: str, load: Load, classes: list[RequestClass] | None = None, *,
-            seed: int = 0) -> dict:
+            seed: int = 0, input_data: Path | None = None) -> dict:
     """One measurement with the asyncio gRPC generator against a running server's `endpoints`."""
-    return measure_grpc(endpoints.grpc, model, load, classes, metrics=endpoints.metrics, seed=seed)
+    return measure_grpc(endpoints.grpc, model, load, classes, metrics=endpoints.metrics, seed=seed,
+                        input_data=input_data)
 
 
 def measure_grpc(url: str, model: str, load: Load, classes: list[RequestClass] | None = None, *,
-                 metrics: str | None = None, seed: int = 0) -> dict:
+                 metrics: str | None = None, seed: int = 0, input_data: Path | None = None) -> dict:
     """Statistics at the window's edges, the asyncio generator's load in between."""
     classes = classes or [RequestClass()]
-    out = asyncio.run(run_load(url, model, load, classes, seed=seed))
+    out = asyncio.run(run_load(url, model, load, classes, seed=seed, input_data=input_data))
     return build_result(model, load, classes, out, _quantiles(metrics, model))
 
 
-def measure_by(engine: str, model_spec, load: Load, classes: list[RequestClass] | None, *, url: str,
-               metrics: str | None = None, log_dir: Path | None = None) -> dict:
-    """One measurement by the chosen engine at `url` (HOST:PORT): Locust over HTTP or asyncio gRPC."""
+def measure_by(engine: str, model: str, load: Load, classes: list[RequestClass] | None, *, url: str,
+               metrics: str | None = None, log_dir: Path | None = None, input_data: Path | None = None) -> dict:
+    """One measurement by the chosen engine at `url` (HOST:PORT): Locust over HTTP or asyncio gRPC.
+    Both take the model's inputs from the rules its config carries, or from `input_data`."""
     classes = classes or [RequestClass()]
     if engine == "asyncio":
-        return measure_grpc(url, model_spec.name, load, classes, metrics=metrics)
-    result = run_locust(url, model_spec.name, load, classes, ranges=input_ranges(model_spec),
+        return measure_grpc(url, model, load, classes, metrics=metrics, input_data=input_data)
+    result = run_locust(url, model, load, classes, input_data=input_data,
                         log_path=log_dir and Path(log_dir) / "locust.log")
-    result["server_summary_us"] = _quantiles(metrics, model_spec.name)
+    result["server_summary_us"] = _quantiles(metrics, model)
     return result
 
 

@@ -95,6 +95,16 @@ def write_result(result: dict, out_dir: Path) -> tuple[Path, Path]:
     return js, cs
 
 
+def _ms(v: float | None) -> str:
+    """A latency for the console: '-' where no request succeeded (never 'nan')."""
+    return "-" if v is None or v != v else f"{v:.2f}"
+
+
+def error_share(result: dict) -> float:
+    o = result["overall"]
+    return sum(o["errors"].values()) / o["requests"] if o["requests"] else 1.0
+
+
 def format_result(result: dict) -> str:
     lines = [f"{result['model']}: {result['load']['description']}, {result['load']['duration_s']:g} s steady"]
     lines.append(f"{'class':<14}{'requests':>9}{'ok':>8}{'errors':>30}{'req/s':>9}"
@@ -102,7 +112,9 @@ def format_result(result: dict) -> str:
     for name, s in [*result["classes"].items(), ("overall", result["overall"])]:
         errs = ",".join(f"{k}={v}" for k, v in s["errors"].items()) or "-"
         lines.append(f"{name:<14}{s['requests']:>9}{s['ok']:>8}{errs:>30}{s['throughput_rps']:>9.1f}"
-                     f"{s['p50_ms']:>9.2f}{s['p95_ms']:>9.2f}{s['p99_ms']:>9.2f}")
+                     f"{_ms(s['p50_ms']):>9}{_ms(s['p95_ms']):>9}{_ms(s['p99_ms']):>9}")
+    for kind, example in (result.get("error_examples") or {}).items():
+        lines.append(f"error {kind}: e.g. {example}")
     srv = result["server"]
     if srv.get("request_ms") is not None:
         lines.append(f"server per request: queue {srv['queue_ms']:.2f} ms, input {srv['compute_input_ms']:.2f} ms, "

@@ -47,6 +47,13 @@ class TensorSpec(_Strict):
     min: list[int] | None = None
     opt: list[int] | None = None
     max: list[int] | None = None
+    # What generated requests carry (tritonkit/inputs.py): dynamic dims on multiples of `stride`,
+    # or one of `shapes` (per sample); integer/bool data within `values` [low, high] (inclusive,
+    # uniform in it for floats), or `value` for an input that must be a constant (a sample rate).
+    stride: int | None = Field(None, ge=1)
+    shapes: list[list[int]] | None = Field(None, min_length=1)
+    values: tuple[float, float] | None = None
+    value: float | None = None
 
 
 class QueuePolicy(_Strict):

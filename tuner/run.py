@@ -55,7 +55,8 @@ def objective_for(spec: Spec, model: str, p95_ms: float | None, rps: float | Non
 def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
                  p95_ms: float | None = None, rps: float | None = None, max_trials: int = 30,
                  max_error_ratio: float = 0.01, max_batch: int | None = None, probe: Probe | None = None,
-                 write_decision: bool = True, log: Callable[[str], None] = print) -> TuneResult:
+                 write_decision: bool = True, input_data: Path | None = None,
+                 log: Callable[[str], None] = print) -> TuneResult:
     """`spec` is the command's resolved spec (configs.loader, against `repo`): a model that
     `tritonkit build` prepared is tuned as built."""
     objective = objective_for(spec, model, p95_ms, rps, max_error_ratio)
@@ -66,7 +67,8 @@ def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: P
         server = LocalServer(spec, repo, state_dir, model, log)
         server.start()
         trials = Trials(server, spec, repo, model, slo_p95_ms=objective.slo_p95_ms,
-                        max_error_ratio=objective.max_error_ratio, probe=probe or Probe(), log=log)
+                        max_error_ratio=objective.max_error_ratio, probe=probe or Probe(), log=log,
+                        input_data=input_data)
         tuning = None
         try:
             tuning = Search(trials, objective, bound, max_trials, log).run(from_spec(spec.model(model)))

@@ -72,7 +72,7 @@ def row_from(result: dict, max_batch: int, delay_us: int, peak_mb: float) -> dic
 
 def sweep(r: Running, spec: Spec, repo: Path, model: str, load: Load, out_dir: Path, *,
           batch_sizes=BATCH_SIZES, delays_us: list[int] | None = None, classes: list[RequestClass] | None = None,
-          log: Callable[[str], None] = print) -> dict[str, Path]:
+          input_data: Path | None = None, log: Callable[[str], None] = print) -> dict[str, Path]:
     rows = []
     m = spec.model(model)
     preferred = m.batching.preferred_batch_sizes
@@ -85,7 +85,7 @@ def sweep(r: Running, spec: Spec, repo: Path, model: str, load: Load, out_dir: P
             if refused:
                 raise ServerError(f"max_batch {k.max_batch}, delay {k.delay_us} us: {refused}")
             with PeakRss(r.server.proc.pid) as rss:
-                result = measure(r.endpoints, model, load, classes)
+                result = measure(r.endpoints, model, load, classes, input_data=input_data)
             row = row_from(result, k.max_batch, k.delay_us, rss.peak_mb)
             rows.append(row)
             note = "  (generator-limited)" if row["generator_warning"] else ""

@@ -93,8 +93,9 @@ class LocalServer:
 
 class Trials:
     def __init__(self, server: LocalServer, spec: Spec, repo: Path, model: str, *, slo_p95_ms: float,
-                 max_error_ratio: float, probe: Probe, log: Callable[[str], None]):
+                 max_error_ratio: float, probe: Probe, log: Callable[[str], None], input_data: Path | None = None):
         self.server, self.spec, self.repo, self.model = server, spec, repo, model
+        self.input_data = input_data  # real request data the trials send, else the model's generated inputs
         self.slo_p95_ms, self.max_error_ratio, self.probe_cfg, self.log = slo_p95_ms, max_error_ratio, probe, log
         self.trials: list[Trial] = []
         self.current: Knobs | None = None
@@ -131,7 +132,8 @@ class Trials:
         else:
             try:
                 # run_load reads Triton's statistics at the window's edges: the cost model's input too
-                out = asyncio.run(run_load(self.server.r.endpoints.grpc, self.model, load))
+                out = asyncio.run(run_load(self.server.r.endpoints.grpc, self.model, load,
+                                           input_data=self.input_data))
                 self._fill(trial, build_result(self.model, load, [RequestClass()], out))
                 trial.batch_stats = (out.stats_before or {}, out.stats_after or {})
                 self.good = k

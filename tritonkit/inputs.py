@@ -1,0 +1,195 @@
+"""What a model's requests look like, and the one sampler that makes them.
+
+Every generated request comes from `Sampler`: warm-up, `infer`, both load generators, the sweep
+and the tuner, so that what is measured is what production sends. A model's input rules come
+from the spec (`inputs:` with min/opt/max, stride, shapes, values, value) and travel in its
+config.pbtxt as the parameter `tritonkit_inputs`, so a client that has only the server (a Locust
+worker, the online tuner) samples the same way, and the runner refuses shapes outside the range.
+
+Shapes: a per-sample shape drawn from `shapes` when given, else `opt` (never 1 for a dynamic dim
+that has a range), every dynamic dim a multiple of `stride`. Values: floats standard-normal;
+integers and booleans uniform within `values` (inclusive) when given, else zero, which cannot
+index past an embedding; `value` makes an input a constant (a sample rate). Real data, from
+perf_analyzer's `--input-data` JSON or a folder of .npy files, replaces the draw: requests cycle
+through the samples.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tritonkit.errors import input_error
+from tritonkit.input_rules import PARAMETER, InputRule
+
+
+def rules_from_config(cfg) -> list[InputRule]:
+    """The rules in a ModelConfig: the kit's parameter when it wrote the config, else what the
+    config's dims say (a config the kit did not write)."""
+    param = cfg.parameters.get(PARAMETER)
+    if param is not None and param.string_value:
+        return [InputRule.from_json(d) for d in json.loads(param.string_value)]
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    rules = []
+    for t in cfg.input:
+        dims = tuple(t.reshape.shape) if t.HasField("reshape") else tuple(t.dims)
+        rules.append(InputRule(t.name, mc.DataType.Name(t.data_type).removeprefix("TYPE_"), dims))
+    return rules
+
+
+class Sampler:
+    """Request inputs for one model: `sampler(batch)` gives arrays ready to send."""
+
+    def __init__(self, rules: list[InputRule], batched: bool, samples: list[dict[str, np.ndarray]] | None = None,
+                 rng: np.random.Generator | None = None):
+        self.rules, self.batched, self.samples = rules, batched, samples or []
+        self.rng = rng or np.random.default_rng(0)
+        self._next = 0
+
+    @property
+    def varies(self) -> bool:
+        """Do successive requests differ in more than their random values (real data, several shapes)?"""
+        return bool(self.samples) or any(r.shapes and len(r.shapes) > 1 for r in self.rules)
+
+    def shape(self, rule: InputRule) -> tuple[int, ...]:
+        if rule.shapes:
+            return rule.shapes[int(self.rng.integers(len(rule.shapes)))]
+        return rule.default_shape()
+
+    def _draw(self, rule: InputRule, shape: tuple[int, ...]) -> np.ndarray:
+        dtype = rule.numpy_dtype
+        if rule.value is not None:
+            return np.full(shape, rule.value, dtype=dtype)
+        if dtype is np.object_:
+            return np.full(shape, b"x", dtype=np.object_)
+        if np.issubdtype(dtype, np.floating):
+            return self.rng.standard_normal(shape).astype(dtype)
+        if rule.values is not None:
+            low, high = int(rule.values[0]), int(rule.values[1])
+            return self.rng.integers(low, high + 1, shape).astype(dtype)
+        return np.zeros(shape, dtype=dtype)
+
+    def __call__(self, batch: int = 1) -> dict[str, np.ndarray]:
+        if self.samples:
+            return self._real(batch)
+        out = {}
+        shapes = {r.name: self.shape(r) for r in self.rules}
+        for r in self.rules:
+            per_sample = shapes[r.name] or (1,)  # a scalar travels as [1]
+            out[r.name] = self._draw(r, ((batch,) if self.batched else ()) + tuple(per_sample))
+        return out
+
+    def _real(self, batch: int) -> dict[str, np.ndarray]:
+        """The next `batch` samples, stacked on the batch axis (cycling through the file)."""
+        picked = []
+        for _ in range(batch if self.batched else 1):
+            picked.append(self.samples[self._next % len(self.samples)])
+            self._next += 1
+        if not self.batched:
+            return dict(picked[0])
+        return {name: np.stack([p[name] for p in picked]) for name in picked[0]}
+
+
+def sampler_for(rules: list[InputRule], batched: bool, input_data: Path | None = None, seed: int = 0) -> Sampler:
+    samples = read_input_data(input_data, rules) if input_data else None
+    return Sampler(rules, batched, samples, np.random.default_rng(seed))
+
+
+# -- real request data ------------------------------------------------------------------------------
+
+def read_input_data(path: Path, rules: list[InputRule]) -> list[dict[str, np.ndarray]]:
+    """Samples from perf_analyzer's real-data JSON (`{"data": [{"IN": [..] | {"content": [..],
+    "shape": [..]} | {"b64": ".."}}, ...]}`, shapes per sample) or a folder with `NAME.npy` per
+    input (axis 0 = samples) or `NAME/*.npy` (one sample a file). Every sample is checked against
+    the rules; an InputError names the file, the sample and the fix."""
+    path = Path(path)
+    where = str(path)
+    if path.is_dir():
+        samples = _read_npy_folder(path, rules)
+    elif path.is_file():
+        samples = _read_json(path, rules)
+    else:
+        raise input_error("command line", "--input-data", f"{path} does not exist",
+                          "give perf_analyzer's JSON file or a folder of NAME.npy files")
+    if not samples:
+        raise input_error(where, "data", "no samples", "add at least one sample")
+    for i, sample in enumerate(samples):
+        for r in rules:
+            if r.name not in sample:
+                raise input_error(where, f"data[{i}].{r.name}", "missing",
+                                  f"give every input: {[x.name for x in rules]}")
+            a = sample[r.name]
+            shape = tuple(a.shape) if r.dims else ()
+            why = r.out_of_range(shape) if r.dims else (None if a.size == 1 else f"{a.size} values for a scalar")
+            if why:
+                raise input_error(where, f"data[{i}].{r.name}", f"shape {list(a.shape)}: {why}",
+                                  "send shapes within the model's range (per sample, no batch axis)")
+            sample[r.name] = (a.reshape(1) if not r.dims else a).astype(r.numpy_dtype, copy=False)
+    return samples
+
+
+def _read_json(path: Path, rules: list[InputRule]) -> list[dict[str, np.ndarray]]:
+    try:
+        doc = json.loads(path.read_text())
+        entries = doc["data"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise input_error(str(path), "data", f"not perf_analyzer's input-data JSON ({e})",
+                          'write {"data": [{"INPUT": {"content": [...], "shape": [...]}}, ...]}') from None
+    by_name = {r.name: r for r in rules}
+    samples = []
+    for i, entry in enumerate(entries if isinstance(entries, list) else []):
+        sample = {}
+        for name, item in entry.items():
+            r = by_name.get(name)
+            if r is None:
+                raise input_error(str(path), f"data[{i}].{name}", "is not an input of the model",
+                                  f"use the inputs: {list(by_name)}")
+            sample[name] = _decode(item, r, f"data[{i}].{name}", str(path))
+        samples.append(sample)
+    return samples
+
+
+def _decode(item, r: InputRule, at: str, where: str) -> np.ndarray:
+    dtype = r.numpy_dtype
+    shape = None
+    if isinstance(item, dict):
+        shape = item.get("shape")
+        if "b64" in item:
+            flat = np.frombuffer(base64.b64decode(item["b64"]), dtype=dtype)
+        elif "content" in item:
+            flat = np.asarray(item["content"], dtype=dtype).reshape(-1)
+        else:
+            raise input_error(where, at, "has neither content nor b64", 'write {"content": [...], "shape": [...]}')
+    else:
+        flat = np.asarray(item, dtype=dtype).reshape(-1)
+    if shape is None:
+        if -1 in r.dims:
+            raise input_error(where, at, "has no shape and the input has dynamic dims", 'add "shape": [...] per sample')
+        shape = list(r.dims) or [1]
+    try:
+        return flat.reshape(shape)
+    except ValueError:
+        raise input_error(where, at, f"{flat.size} values do not fill the shape {shape}",
+                          "give as many values as the shape holds") from None
+
+
+def _read_npy_folder(path: Path, rules: list[InputRule]) -> list[dict[str, np.ndarray]]:
+    columns: dict[str, list[np.ndarray]] = {}
+    for r in rules:
+        stacked, folder = path / f"{r.name}.npy", path / r.name
+        if stacked.is_file():
+            columns[r.name] = list(np.load(stacked, allow_pickle=False))
+        elif folder.is_dir():
+            columns[r.name] = [np.load(f, allow_pickle=False) for f in sorted(folder.glob("*.npy"))]
+        else:
+            raise input_error(str(path), r.name, "no data for this input",
+                              f"add {r.name}.npy (samples on axis 0) or {r.name}/*.npy (one sample a file)")
+    counts = {len(v) for v in columns.values()}
+    if len(counts) != 1:
+        raise input_error(str(path), "data", f"the inputs have different sample counts {sorted(counts)}",
+                          "give every input the same number of samples")
+    return [{name: col[i] for name, col in columns.items()} for i in range(counts.pop())]
