@@ -47,6 +47,7 @@ class TensorSpec(_Strict):
     min: list[int] | None = None
     opt: list[int] | None = None
     max: list[int] | None = None
+    stride: int | None = Field(None, ge=1)
 
 
 class QueuePolicy(_Strict):
