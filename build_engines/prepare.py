@@ -134,8 +134,9 @@ def _static_batch(model: onnx.ModelProto, file: str, at: str) -> bool:
     if len(fixed) != len(leading) or set(fixed.values()) != {1}:
         shown = ", ".join(f"{n}: {v}" for n, v in leading.items())
         raise input_error(file, f"{at}.max_batch_size",
-                          f"cannot make the batch axis dynamic safely: leading dims are {shown} (only a fixed "
-                          "batch of 1 on every input and output can be, so a batch-1 run is the reference)",
+                          f"cannot make the batch axis dynamic safely: leading dims are {shown} (a dynamic "
+                          "batch axis is served as it is; of fixed ones, only a batch of 1 on every input and output "
+                          "can be made dynamic, so a batch-1 run is the reference)",
                           REFUSE_FIX)
     return True
 
