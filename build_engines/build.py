@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import onnx
 
-from tritonkit.errors import InputError, Problem
+from tritonkit.errors import InputError, KitError, Problem
 from tritonkit.files import write_bytes_atomic
 from tritonkit.onnx_io import ONNX_TO_TRITON, GraphIO, GraphTensor, check_against_graph
 from tritonkit.spec import ModelSpec, Spec
@@ -33,29 +33,70 @@ from .verify import VerifyError, summary, verify_prepared
 DEFAULT_CACHE = Path(".tritonkit/trt-cache")  # outside the repository: Triton would take a folder there for a model
 
 
+FAILED = "failed"
+
+
 @dataclass
 class ModelResult:
     name: str
-    status: str  # built | prepared (no engine) | unchanged
+    status: str  # built | prepared (no engine) | unchanged | failed
     max_batch: int
     bounded_by: str
     profiles: int
     verify: str
     engine: str  # "model.plan (12.3 s)" or why not
     runtime: str = ""
+    problems: list[Problem] = field(default_factory=list)  # why it failed, each naming the model
+    input_error: bool = False  # the failure is the user's to fix (exit 2), not a runtime one (exit 1)
+    reason: str = ""  # the first line of why it failed, for the table
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAILED
 
 
 def build(spec: Spec, out: Path, models: list[str] | None = None, cache_dir: Path = DEFAULT_CACHE,
           force: bool = False, log=print) -> list[ModelResult]:
     """Build each chosen model of a parsed spec (its rules checked without the ONNX graphs: a
-    batch-1 export is fine here, the graphs are checked against what `prepare` makes of them)."""
+    batch-1 export is fine here, the graphs are checked against what `prepare` makes of them).
+
+    A model that cannot be built is a `failed` result, logged, and the others go on; nothing of
+    it is written. The caller reports the results, then `raise_failures`."""
     chosen = [spec.model(n) for n in models] if models else spec.models
     here = target()
     results = []
     for k, m in enumerate(chosen, 1):
         prefix = f"[{k}/{len(chosen)}] {m.name}"
-        results.append(build_model(spec, m, Path(out), here, Path(cache_dir), force, log, prefix))
+        try:
+            results.append(build_model(spec, m, Path(out), here, Path(cache_dir), force, log, prefix))
+        except KitError as e:
+            failed = _failed(spec, m, e)
+            log(f"{prefix}: failed: {failed.reason}")
+            results.append(failed)
     return results
+
+
+def _failed(spec: Spec, m: ModelSpec, e: KitError) -> ModelResult:
+    if isinstance(e, InputError):
+        found = e.problems
+    else:
+        found = [Problem(spec.shown, model_at(spec, m), str(e).strip() or type(e).__name__)]
+    problems = [Problem(p.file, p.path, f"model {m.name!r}: {p.message}", p.fix) for p in found]
+    reason = f"{found[0].path}: {found[0].message}".splitlines()[0] if found else type(e).__name__
+    return ModelResult(m.name, FAILED, 0, "-", 0, "-", "-", problems=problems, input_error=isinstance(e, InputError),
+                       reason=reason)
+
+
+def raise_failures(results: list[ModelResult]) -> None:
+    """After the summary: one error listing every failed model's problems (InputError, exit 2, when
+    any of them is the user's to fix; else a runtime KitError, exit 1)."""
+    failed = [r for r in results if r.failed]
+    if not failed:
+        return
+    problems = [p for r in failed for p in r.problems]
+    if any(r.input_error for r in failed):
+        raise InputError(problems)
+    raise KitError("\n".join(str(p) for p in problems))
 
 
 def build_model(spec: Spec, m: ModelSpec, out: Path, here: Target, cache_dir: Path, force: bool, log,
@@ -143,7 +184,8 @@ def _verify(file: str, at: str, m: ModelSpec, original, prepared, plan: Plan):
             raise InputError([Problem(file, f"{at}.max_batch_size",
                                       f"cannot make the batch axis dynamic safely: {e}", REFUSE_FIX)]) from None
         raise InputError([Problem(file, f"{at}.inputs", f"the model does not run over the planned shapes: {e}",
-                                  "give min/opt/max the model accepts")]) from None
+                                  "give min/opt/max the model accepts (for dims that must be multiples of "
+                                  "a stride, set stride: on the input)")]) from None
     bad = [c for c in checks if not c.passed]
     if bad:
         c = bad[0]
@@ -235,10 +277,18 @@ def _result_from(record: dict, status: str) -> ModelResult:
 
 
 def table(results: list[ModelResult]) -> str:
+    """One row per model; a failed model's row says why in a last column."""
     head = ("model", "status", "max batch", "bound by", "profiles", "verify (max err)", "engine", "runtime")
-    rows = [head] + [(r.name, r.status, str(r.max_batch), r.bounded_by, str(r.profiles), r.verify, r.engine,
-                      r.runtime) for r in results]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    any_failed = any(r.failed for r in results)
+    rows = [(*head, "problem") if any_failed else head]
+    for r in results:
+        if r.failed:
+            why = r.reason if len(r.reason) <= 100 else r.reason[:99] + "…"  # the whole of it is in the error
+            rows.append((r.name, r.status, "-", "-", "-", "-", "-", "-", why))
+            continue
+        row = (r.name, r.status, str(r.max_batch), r.bounded_by, str(r.profiles), r.verify, r.engine, r.runtime)
+        rows.append((*row, "") if any_failed else row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

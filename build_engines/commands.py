@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tritonkit.build_engines.build import table
+from tritonkit.build_engines.build import raise_failures, table
 from tritonkit.build_engines.inspect_graph import inspect_paths
 from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, say, spec_arg
 from tritonkit.configs.loader import load_spec
@@ -18,6 +18,7 @@ def cmd_build(a: argparse.Namespace) -> int:
     spec = load_spec(a.spec, check_onnx=False)
     results, _ = build_then_configs(spec, a.out, a.model or None, a.target, a.cache_dir, force=a.force, log=say)
     say(table(results))
+    raise_failures(results)  # after the table: each failed model named, with its field and fix
     return 0
 
 

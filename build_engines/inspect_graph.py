@@ -41,7 +41,10 @@ class GraphInfo:
     @property
     def batch_axis(self) -> str:
         """How the leading dim looks to a batcher: dynamic, fixed at 1 (preparable) or fixed at N."""
-        leading = {t.shape[0] if t.shape else None for t in self.inputs + self.outputs}
+        scalars = [t.name for t in self.inputs + self.outputs if not t.shape]
+        if scalars:
+            return f"none (rank-0 {scalars[0]!r}: serve with max_batch_size: 0)"
+        leading = {t.shape[0] for t in self.inputs + self.outputs}
         if all(isinstance(d, str) for d in leading):
             return "dynamic"
         if leading == {1}:
@@ -61,7 +64,7 @@ def inspect_model(model: onnx.ModelProto, path: Path) -> GraphInfo:
 
 def format_info(g: GraphInfo) -> str:
     opsets = ", ".join(f"{d} {v}" for d, v in sorted(g.opsets.items()))
-    lines = [f"{g.path}", f"  opsets: {opsets}; weights {g.weight_bytes / MIB:.1f} MiB; "
+    lines = [f"{g.path}", f"  opsets: {opsets}; weights {_size(g.weight_bytes)}; "
              f"{sum(g.ops.values())} nodes; batch axis {g.batch_axis}"]
     for kind, tensors in (("input", g.inputs), ("output", g.outputs)):
         for t in tensors:
@@ -69,6 +72,12 @@ def format_info(g: GraphInfo) -> str:
             lines.append(f"  {kind:6} {t.name}: {t.dtype} {t.shape}{dyn}")
     lines.append("  ops: " + ", ".join(f"{op} {n}" for op, n in g.ops.most_common()))
     return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    if n >= MIB:
+        return f"{n / MIB:.1f} MiB"
+    return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
 
 
 def inspect_paths(paths: list[Path], spec: Spec | None, models: list[str] | None) -> str:

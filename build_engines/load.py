@@ -33,8 +33,10 @@ def sha256_file(path: Path) -> str:
 
 
 def dims(vi: onnx.ValueInfoProto) -> list[int | str]:
-    """Fixed dims as ints, symbolic ones by name ('?' when unnamed)."""
+    """Fixed dims as ints, symbolic ones by name ('?' when unnamed). A dim_value of -1 (or 0), as
+    Paddle and some TF converters write a dynamic axis, is unknown too, as in tritonkit.onnx_io."""
     out: list[int | str] = []
     for d in vi.type.tensor_type.shape.dim:
-        out.append(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?"))
+        fixed = d.HasField("dim_value") and d.dim_value > 0
+        out.append(d.dim_value if fixed else (d.dim_param or "?"))
     return out

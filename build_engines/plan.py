@@ -142,7 +142,8 @@ Range = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 def _per_sample_ranges(file: str, at: str, m: ModelSpec, inputs: list[onnx.ValueInfoProto], batched: bool,
                        problems: list[Problem]) -> dict[str, Range]:
-    """Fixed dims from the graph (or the spec's dims); dynamic dims from the spec's min/opt/max."""
+    """Fixed dims from the graph (or the spec's dims); dynamic dims from the spec's min/opt/max,
+    rounded up to a multiple of the tensor's `stride` when it has one."""
     declared = {t.name: (j, t) for j, t in enumerate(m.inputs or [])}
     out: dict[str, Range] = {}
     for vi in inputs:
@@ -169,12 +170,22 @@ def _per_sample_ranges(file: str, at: str, m: ModelSpec, inputs: list[onnx.Value
                     f"give min, opt and max for {vi.name!r} (per sample, e.g. dims: {shown}, "
                     "and min/opt/max of the same rank)"))
                 break
-            lo.append(given[0][k])
-            mid.append(given[1][k])
-            hi.append(given[2][k])
+            # A stride-bound dim (H/W of a detector) runs only at multiples of the stride.
+            lo.append(_up(given[0][k], t.stride))
+            mid.append(_up(given[1][k], t.stride))
+            hi.append(_up(given[2][k], t.stride))
         else:
             out[vi.name] = (tuple(lo), tuple(mid), tuple(hi))
     return out
+
+
+def _up(value: int, stride: int | None) -> int:
+    """`value` rounded up to a multiple of `stride` (unchanged without one)."""
+    return -(-value // stride) * stride if stride else value
+
+
+def _strides(m: ModelSpec) -> dict[str, int | None]:
+    return {t.name: t.stride for t in m.inputs or []}
 
 
 def _dynamic_dims(per_sample: dict[str, Range]) -> list[tuple[str, int]]:
@@ -206,6 +217,7 @@ def _bucket_ranges(file: str, at: str, m: ModelSpec, per_sample: dict[str, Range
                                         f"use edges from {lo} to {hi - 1}"))
     if problems:
         return [per_sample]
+    strides = _strides(m)
     buckets = []
     bounds = [0, *edges]
     for k, low_edge in enumerate(bounds):
@@ -216,8 +228,9 @@ def _bucket_ranges(file: str, at: str, m: ModelSpec, per_sample: dict[str, Range
             for n, d in dyn:
                 if n != name:
                     continue
-                blo[d] = max(lo[d], low_edge + 1)
-                bhi[d] = hi[d] if high_edge is None else min(hi[d], high_edge)
+                stride = strides.get(name)
+                blo[d] = _up(max(lo[d], low_edge + 1), stride)
+                bhi[d] = hi[d] if high_edge is None else _up(min(hi[d], high_edge), stride)
                 # The spec's opt if it falls in this bucket, else the bucket's top (what it pads to).
                 bmid[d] = mid[d] if blo[d] <= mid[d] <= bhi[d] else bhi[d]
             bucket[name] = (tuple(blo), tuple(bmid), tuple(bhi))
@@ -251,12 +264,26 @@ def _itemsize(elem_type: int) -> int:
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
-    total = sum(int(np.prod(t.dims, dtype=np.int64)) * _itemsize(t.data_type) for t in model.graph.initializer)
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.TENSOR:
-                    total += int(np.prod(a.t.dims, dtype=np.int64)) * _itemsize(a.t.data_type)
+    """Initializers and Constant-node tensors, in the graph and in every subgraph (If branches,
+    Loop and Scan bodies carry weights of their own)."""
+    return _graph_weight_bytes(model.graph)
+
+
+def _tensor_bytes(t: onnx.TensorProto) -> int:
+    return int(np.prod(t.dims, dtype=np.int64)) * _itemsize(t.data_type)
+
+
+def _graph_weight_bytes(graph: onnx.GraphProto) -> int:
+    total = sum(_tensor_bytes(t) for t in graph.initializer)
+    total += sum(_tensor_bytes(t.values) for t in graph.sparse_initializer)
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR and node.op_type == "Constant":
+                total += _tensor_bytes(a.t)
+            elif a.type == onnx.AttributeProto.GRAPH:
+                total += _graph_weight_bytes(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                total += sum(_graph_weight_bytes(g) for g in a.graphs)
     return total
 
 

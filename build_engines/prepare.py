@@ -1,4 +1,5 @@
 """Graph preparation: make a batch-1 export batch-dynamic, fold constants, clean up, toposort.
+A graph with subgraphs (If/Loop/Scan) and nothing to make dynamic is left exactly as exported.
 
 The prepared ONNX is what every runtime serves (ONNX Runtime directly, TensorRT through its
 parser), so the batch range Triton is told about is the one the graph really accepts.
@@ -12,7 +13,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from tritonkit.errors import input_error
+from tritonkit.errors import InputError, input_error
 from tritonkit.onnx_io import graph_inputs
 
 from .load import dims
@@ -33,7 +34,25 @@ class Prepared:
 def prepare(model: onnx.ModelProto, batched: bool, file: str, at: str) -> Prepared:
     """`batched`: the spec serves the model with max_batch_size > 0, so dim 0 must be dynamic."""
     static = batched and _static_batch(model, file, at)
+    holders = subgraph_nodes(model.graph)
+    if holders and not static:
+        # Nothing to make dynamic: a graph with If/Loop/Scan bodies is served exactly as exported
+        # (folding and sorting across subgraph scopes is where GraphSurgeon breaks real exports).
+        _check(model, file, at, "the exported graph", holders)
+        return Prepared(model, False, ["subgraphs: graph left as exported"])
     original_shapes = _inferred_dims(model) if static else {}
+    try:
+        out, changes = _surgery(model, static, original_shapes, file, at)
+    except InputError:
+        raise
+    except Exception as e:  # GraphSurgeon on a graph it cannot take: say where, not a traceback
+        raise input_error(file, at, f"preparing the graph failed{_where(holders)}: {_first_line(e)}",
+                          REFUSE_FIX) from None
+    return Prepared(_check(out, file, at, "the prepared graph", holders), static, changes or ["nothing to change"])
+
+
+def _surgery(model: onnx.ModelProto, static: bool, original_shapes: dict[str, list[int | str]], file: str,
+             at: str) -> tuple[onnx.ModelProto, list[str]]:
     graph = gs.import_onnx(model)
     changes: list[str] = []
     if static:
@@ -46,12 +65,12 @@ def prepare(model: onnx.ModelProto, batched: bool, file: str, at: str) -> Prepar
                 t.shape = None
         changes.append("batch axis made dynamic")
     n_before = len(graph.nodes)
-    graph.fold_constants().cleanup()
+    graph.fold_constants(recurse_subgraphs=True).cleanup(recurse_subgraphs=True)
     if static:
         patched = _patch_reshapes(graph, original_shapes, file, at)
         if patched:
             changes.append(f"{patched} Reshape shape constant(s) patched")
-    graph.cleanup().toposort()
+    graph.cleanup(recurse_subgraphs=True).toposort(recurse_subgraphs=True)  # subgraphs sorted too
     if len(graph.nodes) != n_before:
         changes.append(f"{n_before - len(graph.nodes)} node(s) folded or removed")
     out = gs.export_onnx(graph)
@@ -60,13 +79,43 @@ def prepare(model: onnx.ModelProto, batched: bool, file: str, at: str) -> Prepar
     del out.opset_import[:]
     out.opset_import.extend(model.opset_import)
     out.producer_name, out.producer_version = model.producer_name, model.producer_version
+    return out, changes
+
+
+def _check(model: onnx.ModelProto, file: str, at: str, what: str, holders: list[str]) -> onnx.ModelProto:
     try:
-        onnx.checker.check_model(out)
-        out = onnx.shape_inference.infer_shapes(out, strict_mode=True)
+        onnx.checker.check_model(model)
+        if holders:
+            return model  # as exported (or as surgery left it): shapes already recorded stay as they are
+        return onnx.shape_inference.infer_shapes(model, strict_mode=True)
     except Exception as e:
-        raise input_error(file, at, f"the prepared graph does not check: {str(e).splitlines()[0][:200]}",
+        raise input_error(file, at, f"{what} does not check{_where(holders)}: {_first_line(e)}",
                           REFUSE_FIX) from None
-    return Prepared(out, static, changes or ["nothing to change"])
+
+
+def subgraph_nodes(graph: onnx.GraphProto) -> list[str]:
+    """'If \'name\'' for each node, at any depth, that holds a subgraph (If, Loop, Scan bodies)."""
+    found = []
+    for node in graph.node:
+        subs = [g for a in node.attribute for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                                                    a.graphs if a.type == onnx.AttributeProto.GRAPHS else [])]
+        if subs:
+            found.append(f"{node.op_type} {node.name or node.output[0]!r}")
+        for g in subs:
+            found += subgraph_nodes(g)
+    return found
+
+
+def _where(holders: list[str]) -> str:
+    if not holders:
+        return ""
+    more = f" and {len(holders) - 1} more" if len(holders) > 1 else ""
+    return f" (it has subgraphs: {holders[0]}{more})"
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:200]
 
 
 def _static_batch(model: onnx.ModelProto, file: str, at: str) -> bool:
@@ -85,8 +134,9 @@ def _static_batch(model: onnx.ModelProto, file: str, at: str) -> bool:
     if len(fixed) != len(leading) or set(fixed.values()) != {1}:
         shown = ", ".join(f"{n}: {v}" for n, v in leading.items())
         raise input_error(file, f"{at}.max_batch_size",
-                          f"cannot make the batch axis dynamic safely: leading dims are {shown} (only a fixed "
-                          "batch of 1 on every input and output can be, so a batch-1 run is the reference)",
+                          f"cannot make the batch axis dynamic safely: leading dims are {shown} (a dynamic "
+                          "batch axis is served as it is; of fixed ones, only a batch of 1 on every input and output "
+                          "can be made dynamic, so a batch-1 run is the reference)",
                           REFUSE_FIX)
     return True
 

@@ -13,21 +13,50 @@ from pathlib import Path
 from tritonkit.build_engines.build import DEFAULT_CACHE, ModelResult, build
 from tritonkit.configs.generate import WriteReport, generate
 from tritonkit.configs.loader import resolve
+from tritonkit.errors import InputError, Problem
 from tritonkit.serving import Running, running
 from tritonkit.spec import Spec
 
 
 def build_then_configs(spec: Spec, out: Path, models: list[str] | None = None, target: str = "local",
                        cache_dir: Path = DEFAULT_CACHE, force: bool = False,
-                       log: Callable[[str], None] = print) -> tuple[list[ModelResult], list[WriteReport]]:
+                       log: Callable[[str], None] = print,
+                       partial: bool = True) -> tuple[list[ModelResult], list[WriteReport]]:
     """`spec` is parsed and checked without its ONNX graphs (configs.loader, check_onnx=False): a
-    batch-1 export is fine until `build` made it dynamic; the graphs are checked after the build."""
+    batch-1 export is fine until `build` made it dynamic; the graphs are checked after the build.
+    Configs are written for the models that built (none at all if one failed and not `partial`);
+    the failed ones are in the results, for the caller to report (`build_engines.build.raise_failures`)."""
     results = build(spec, out, models, cache_dir, force=force, log=log)
-    served = resolve(spec, out)  # the graphs just prepared swapped in, every rule checked on them
-    reports = generate(served, out, target, [r.name for r in results])
-    for r, rep in zip(results, reports):
-        r.runtime = rep.runtime
+    built = [r.name for r in results if not r.failed]
+    if not built or (not partial and len(built) < len(results)):
+        return results, []
+    served = _resolve_built(spec, out, {r.name for r in results if r.failed})
+    reports = generate(served, out, target, built)
+    runtimes = {rep.model: rep.runtime for rep in reports}
+    for r in results:
+        r.runtime = runtimes.get(r.name, r.runtime)
     return results, reports
+
+
+def _resolve_built(spec: Spec, out: Path, failed: set[str]) -> Spec:
+    """The spec with the graphs just prepared swapped in, every rule checked on them, except the
+    problems of the models that failed to build: build reports those, and none of them is written."""
+    if not failed:
+        return resolve(spec, out)
+    skipped = [f"models[{i}]" for i, m in enumerate(spec.models) if m.name in failed]
+
+    def theirs(p: Problem) -> bool:
+        return any(p.path == at or p.path.startswith((f"{at}.", f"{at}[")) for at in skipped)
+
+    try:
+        return resolve(spec, out)
+    except InputError as e:
+        left = [p for p in e.problems if not theirs(p)]
+        if left:
+            raise InputError(left) from None
+    served = resolve(spec, out, check_onnx=False)
+    served.checked = True  # every rule holds for the models written; the failed ones are not
+    return served
 
 
 def serve_configured(spec: Spec, repo: Path, state_dir: Path, *, models: list[str] | None = None,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from tritonkit.build_engines.build import table
+from tritonkit.build_engines.build import raise_failures, table
 from tritonkit.build_engines.gpu import target
 from tritonkit.configs.generate import generate
 from tritonkit.configs.loader import resolve
@@ -44,8 +44,9 @@ def build_engines(spec: Spec, repo: Path, log: Callable[[str], None]) -> None:
     if why:
         log(f"engines: skipped, {why} (models without an engine serve their ONNX through onnxruntime)")
         return
-    results, _ = build_then_configs(spec, repo, target="ngc", log=log)
+    results, _ = build_then_configs(spec, repo, target="ngc", log=log, partial=False)
     log(table(results))
+    raise_failures(results)  # a deploy goes out whole or not at all: no configs written, nothing installed
 
 
 def locustfile_text() -> str:
