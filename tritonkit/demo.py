@@ -68,7 +68,7 @@ def run_demo(draft: Spec, repo: Path, state_dir: Path, requests: int = 2000, con
         rate = m.slo.rps or 300.0
         load = Load(rate=rate, duration_s=seconds, warmup_s=1.0)
         say(f"\n== 5/{STEPS} load test: Locust headless, {load.describe()}, interactive and bulk classes")
-        lt = measure_by("locust", m, load, CLASSES, url=r.endpoints.http, metrics=r.endpoints.metrics,
+        lt = measure_by("locust", m.name, load, CLASSES, url=r.endpoints.http, metrics=r.endpoints.metrics,
                         log_dir=out / "loadtest")
         say(format_result(lt))
         js, _ = write_result(lt, out / "loadtest")
