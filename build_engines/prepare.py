@@ -108,7 +108,7 @@ def _check(model: onnx.ModelProto, file: str, at: str, what: str, holders: list[
 
 
 def subgraph_nodes(graph: onnx.GraphProto) -> list[str]:
-    """'If \'name\'' for each node, at any depth, that holds a subgraph (If, Loop, Scan bodies)."""
+    """One "If 'pick'" per node, at any depth, that holds a subgraph (If branches, Loop and Scan bodies)."""
     found = []
     for node in graph.node:
         subs = [g for a in node.attribute for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
