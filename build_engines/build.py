@@ -181,8 +181,10 @@ def _verify(file: str, at: str, m: ModelSpec, original, prepared, plan: Plan):
         checks = verify_prepared(original, prepared.model, plan, prepared.static_batch, m.build.atol, m.build.rtol)
     except VerifyError as e:
         if prepared.static_batch:
+            inside = (f" (it has subgraphs, {', '.join(prepared.subgraphs)}: shapes pinned to batch 1 inside "
+                      "them are not patched)" if prepared.subgraphs else "")
             raise InputError([Problem(file, f"{at}.max_batch_size",
-                                      f"cannot make the batch axis dynamic safely: {e}", REFUSE_FIX)]) from None
+                                      f"cannot make the batch axis dynamic safely{inside}: {e}", REFUSE_FIX)]) from None
         raise InputError([Problem(file, f"{at}.inputs", f"the model does not run over the planned shapes: {e}",
                                   "give min/opt/max the model accepts (for dims that must be multiples of "
                                   "a stride, set stride: on the input)")]) from None

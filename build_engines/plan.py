@@ -314,12 +314,16 @@ def activation_bytes(light: onnx.ModelProto, shapes: dict[str, tuple[int, ...]])
             del vi.type.tensor_type.shape.dim[:]
             for d in shapes[vi.name]:
                 vi.type.tensor_type.shape.dim.add().dim_value = int(d)
+    for vi in m.graph.output:  # a -1 written as an output's batch axis would stand in for the inferred size
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value <= 0:
+                d.Clear()
     inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
     g = inferred.graph
     size: dict[str, int] = {}
     for vi in [*g.value_info, *g.output, *(v for v in g.input if v.name in shapes)]:
         tt = vi.type.tensor_type
-        if tt.shape.dim and all(d.HasField("dim_value") for d in tt.shape.dim):
+        if tt.shape.dim and all(d.HasField("dim_value") and d.dim_value > 0 for d in tt.shape.dim):
             size[vi.name] = int(np.prod([d.dim_value for d in tt.shape.dim], dtype=np.int64)) * _itemsize(tt.elem_type)
         elif vi.type.HasField("tensor_type") and not tt.shape.dim and tt.HasField("shape"):
             size[vi.name] = _itemsize(tt.elem_type)  # a scalar

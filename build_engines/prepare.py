@@ -29,6 +29,7 @@ class Prepared:
     model: onnx.ModelProto
     static_batch: bool  # the original had a fixed batch of 1 that was made dynamic
     changes: list[str] = field(default_factory=list)  # what was done, for the progress line
+    subgraphs: list[str] = field(default_factory=list)  # nodes holding subgraphs ("If 'pick'"), for messages
 
 
 def prepare(model: onnx.ModelProto, batched: bool, file: str, at: str) -> Prepared:
@@ -39,7 +40,7 @@ def prepare(model: onnx.ModelProto, batched: bool, file: str, at: str) -> Prepar
         # Nothing to make dynamic: a graph with If/Loop/Scan bodies is served exactly as exported
         # (folding and sorting across subgraph scopes is where GraphSurgeon breaks real exports).
         _check(model, file, at, "the exported graph", holders)
-        return Prepared(model, False, ["subgraphs: graph left as exported"])
+        return Prepared(model, False, ["subgraphs: graph left as exported"], holders)
     original_shapes = _inferred_dims(model) if static else {}
     try:
         out, changes = _surgery(model, static, original_shapes, file, at)
@@ -48,7 +49,10 @@ def prepare(model: onnx.ModelProto, batched: bool, file: str, at: str) -> Prepar
     except Exception as e:  # GraphSurgeon on a graph it cannot take: say where, not a traceback
         raise input_error(file, at, f"preparing the graph failed{_where(holders)}: {_first_line(e)}",
                           REFUSE_FIX) from None
-    return Prepared(_check(out, file, at, "the prepared graph", holders), static, changes or ["nothing to change"])
+    if holders:
+        changes.append("subgraphs folded and sorted too")
+    return Prepared(_check(out, file, at, "the prepared graph", holders), static, changes or ["nothing to change"],
+                    holders)
 
 
 def _surgery(model: onnx.ModelProto, static: bool, original_shapes: dict[str, list[int | str]], file: str,
@@ -58,11 +62,9 @@ def _surgery(model: onnx.ModelProto, static: bool, original_shapes: dict[str, li
     if static:
         for t in [*graph.inputs, *graph.outputs]:
             t.shape = [BATCH, *t.shape[1:]]
-        # Shapes recorded at export time say batch 1; folding would bake that into constants.
-        io = {id(t) for t in [*graph.inputs, *graph.outputs]}
-        for t in graph.tensors().values():
-            if isinstance(t, gs.Variable) and id(t) not in io:
-                t.shape = None
+        # Shapes recorded at export time say batch 1; folding would bake that into constants, and
+        # a runtime checks a subgraph's outputs against theirs.
+        _forget_shapes(graph, {id(t) for t in [*graph.inputs, *graph.outputs]})
         changes.append("batch axis made dynamic")
     n_before = len(graph.nodes)
     graph.fold_constants(recurse_subgraphs=True).cleanup(recurse_subgraphs=True)
@@ -82,6 +84,18 @@ def _surgery(model: onnx.ModelProto, static: bool, original_shapes: dict[str, li
     return out, changes
 
 
+def _forget_shapes(graph: gs.Graph, keep: set[int]) -> None:
+    """Clear the recorded shape of every variable but `keep`, in the graph and all its subgraphs."""
+    for t in graph.tensors().values():
+        if isinstance(t, gs.Variable) and id(t) not in keep:
+            t.shape = None
+    for node in graph.nodes:
+        for attr in node.attrs.values():
+            for sub in attr if isinstance(attr, list) else [attr]:
+                if isinstance(sub, gs.Graph):
+                    _forget_shapes(sub, keep)
+
+
 def _check(model: onnx.ModelProto, file: str, at: str, what: str, holders: list[str]) -> onnx.ModelProto:
     try:
         onnx.checker.check_model(model)
@@ -94,7 +108,7 @@ def _check(model: onnx.ModelProto, file: str, at: str, what: str, holders: list[
 
 
 def subgraph_nodes(graph: onnx.GraphProto) -> list[str]:
-    """'If \'name\'' for each node, at any depth, that holds a subgraph (If, Loop, Scan bodies)."""
+    """One "If 'pick'" per node, at any depth, that holds a subgraph (If branches, Loop and Scan bodies)."""
     found = []
     for node in graph.node:
         subs = [g for a in node.attribute for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else

@@ -46,7 +46,7 @@ def _resolve_built(spec: Spec, out: Path, failed: set[str]) -> Spec:
     skipped = [f"models[{i}]" for i, m in enumerate(spec.models) if m.name in failed]
 
     def theirs(p: Problem) -> bool:
-        return any(p.path == at or p.path.startswith((f"{at}.", f"{at}[")) for at in skipped)
+        return any(p.path == at or p.path.startswith(f"{at}.") for at in skipped)
 
     try:
         return resolve(spec, out)

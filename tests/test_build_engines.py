@@ -16,11 +16,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests import models
+from tests import models, real_models
 from tests.conftest import tritonkit, write_spec
 from tritonkit.build_engines import artifacts
 from tritonkit.build_engines.gpu import Gpu, Target, target
-from tritonkit.build_engines.plan import make_plan
+from tritonkit.build_engines.plan import make_plan, weight_bytes
 from tritonkit.configs.generate import generate, parse
 from tritonkit.configs.loader import load_spec
 from tritonkit.errors import InputError
@@ -58,6 +58,37 @@ def batch_folding(path: Path) -> Path:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4])],
                               initializer=[shape, back])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def static_if(path: Path, pin: bool) -> Path:
+    """Batch fixed at 1 and an If ('pick') whose branches each hold weights; with `pin`, each branch
+    ends in a Reshape to [1, 5], a batch-1 shape inside the subgraph."""
+    def branch(name: str, seed: int) -> onnx.GraphProto:
+        w = numpy_helper.from_array(np.random.default_rng(seed).standard_normal((4, 5)).astype(np.float32), f"{name}_w")
+        nodes = [helper.make_node("MatMul", ["x", f"{name}_w"], [f"{name}_h"])]
+        inits = [w]
+        if pin:
+            inits.append(numpy_helper.from_array(np.array([1, 5], np.int64), f"{name}_s"))
+            nodes.append(helper.make_node("Reshape", [f"{name}_h", f"{name}_s"], [f"{name}_out"]))
+        else:
+            nodes.append(helper.make_node("Relu", [f"{name}_h"], [f"{name}_out"]))
+        out = helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [1, 5])
+        return helper.make_graph(nodes, name, [], [out], initializer=inits)
+
+    # A shape check the exporter left in (batch > 0): the same for every batch, and not a constant
+    # once the batch axis is dynamic, so the If stays.
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+             helper.make_node("Greater", ["n", "zero"], ["pos"]),
+             helper.make_node("If", ["pos"], ["y"], name="pick", then_branch=branch("a", 1),
+                              else_branch=branch("b", 2))]
+    graph = helper.make_graph(nodes, "static_if", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])],
+                              initializer=[numpy_helper.from_array(np.array(0, np.int64), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, path)
     return path
@@ -291,6 +322,159 @@ def test_configs_refuses_preferred_sizes_above_the_memory_bound(tmp_path):
     res = tritonkit("configs", "--spec", str(spec), "--out", str(tmp_path / "repo"))
     assert_input_error(res, "models[0].memory_budget_mb: bounds the max batch to", "preferred_batch_sizes [512]")
     assert not (tmp_path / "repo").exists()
+
+
+# ---- real exports -------------------------------------------------------------------------------
+
+AUDIO_INPUTS = [{"name": "input", "dims": [-1, -1], "min": [1, 160], "opt": [2, 512], "max": [4, 1024]},
+                {"name": "state", "dims": [2, -1, 128], "min": [2, 1, 128], "opt": [2, 2, 128], "max": [2, 4, 128]},
+                {"name": "sr", "dims": []}]
+TEXT_INPUTS = [{"name": n, "dims": [-1], "min": [1], "opt": [16], "max": [64]} for n in ("input_ids", "attention_mask")]
+
+
+def fixed_batch(source: Path, path: Path, batch: int) -> Path:
+    """`source` with its batch axis pinned to `batch` on every input and output (a fixed-batch export)."""
+    model = onnx.load(source)
+    for vi in [*model.graph.input, *model.graph.output]:
+        dim = vi.type.tensor_type.shape.dim[0]
+        dim.Clear()
+        dim.dim_value = batch
+    onnx.save(model, path)
+    return path
+
+
+def test_a_minus_one_batch_axis_is_dynamic_and_builds_for_batch_16(tmp_path):
+    real_models.minus_one_classifier(tmp_path / "cls.onnx")
+    spec = write_spec(tmp_path, {"models": [{"name": "cls", "onnx": "cls.onnx", "max_batch_size": 16}]})
+    res = tritonkit("build", "--spec", str(spec), "--out", str(tmp_path / "repo"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert parse((tmp_path / "repo/cls/config.pbtxt").read_text()).max_batch_size == 16
+    record = json.loads((tmp_path / "repo/cls/build/build.json").read_text())
+    assert record["prepared"]["static_batch_made_dynamic"] is False  # nothing to make dynamic: it already is
+    assert sorted(c["shapes"]["x"][0] for c in record["verify"]["checks"]) == [1, 16]
+    assert all(c["passed"] for c in record["verify"]["checks"])
+
+    prepared = onnx.load(tmp_path / "repo/cls/build/model.onnx")
+    x = np.random.default_rng(3).standard_normal((16, 16)).astype(np.float32)
+    got = run(prepared, {"x": x})
+    assert got.shape == (16, 4)
+    np.testing.assert_allclose(got, run(tmp_path / "cls.onnx", {"x": x}), atol=1e-6)
+
+
+def test_a_stateful_model_with_if_subgraphs_builds_unchanged_for_both_sample_rates(tmp_path):
+    real_models.stateful_audio(tmp_path / "vad.onnx")
+    spec = write_spec(tmp_path, {"models": [{"name": "vad", "onnx": "vad.onnx", "max_batch_size": 0,
+                                             "inputs": AUDIO_INPUTS}]})
+    res = tritonkit("build", "--spec", str(spec), "--out", str(tmp_path / "repo"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "subgraphs: graph left as exported" in res.stdout
+    original = onnx.load(tmp_path / "vad.onnx")
+    prepared = onnx.load(tmp_path / "repo/vad/build/model.onnx")
+    assert prepared.graph.SerializeToString() == original.graph.SerializeToString()
+    record = json.loads((tmp_path / "repo/vad/build/build.json").read_text())
+    assert record["verify"]["checks"] and all(c["passed"] for c in record["verify"]["checks"])
+
+    rng = np.random.default_rng(4)
+    feed = {"input": rng.standard_normal((3, 512)).astype(np.float32),
+            "state": rng.standard_normal((2, 3, 128)).astype(np.float32)}
+    ref = ort.InferenceSession(str(tmp_path / "vad.onnx"), providers=["CPUExecutionProvider"])
+    new = ort.InferenceSession(prepared.SerializeToString(), providers=["CPUExecutionProvider"])
+    outs = {}
+    for sr in (16000, 8000):
+        f = {**feed, "sr": np.array(sr, dtype=np.int64)}
+        want, got = ref.run(None, f), new.run(None, f)
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(g, w)
+        outs[sr] = got[0]
+    assert not np.allclose(outs[16000], outs[8000])  # each rate ran its own branch's weights
+
+
+def test_a_stride_bound_detector_with_a_minus_one_batch_builds_and_verifies(tmp_path):
+    real_models.stride_detector(tmp_path / "det.onnx")
+    images = {"name": "images", "dims": [3, -1, -1], "min": [3, 32, 32], "opt": [3, 64, 64], "max": [3, 128, 128],
+              "stride": 32}
+    spec = write_spec(tmp_path, {"models": [{"name": "det", "onnx": "det.onnx", "max_batch_size": 4,
+                                             "inputs": [images]}]})
+    res = tritonkit("build", "--spec", str(spec), "--out", str(tmp_path / "repo"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    record = json.loads((tmp_path / "repo/det/build/build.json").read_text())
+    checks = record["verify"]["checks"]
+    assert [c["shapes"]["images"] for c in checks] == [[1, 3, 32, 32], [4, 3, 64, 64], [4, 3, 128, 128]]
+    assert all(c["passed"] for c in checks)
+    assert parse((tmp_path / "repo/det/config.pbtxt").read_text()).max_batch_size == 4
+
+
+def test_stride_rounds_every_planned_dynamic_dim_up_to_a_multiple(tmp_path):
+    real_models.stride_detector(tmp_path / "det.onnx")
+    images = {"name": "images", "dims": [3, -1, -1], "min": [3, 32, 32], "opt": [3, 64, 64], "max": [3, 128, 128]}
+    model = {"name": "det", "onnx": "det.onnx", "max_batch_size": 4, "build": {"bucket_edges": [80]}}
+    plan = _plan(tmp_path, {**model, "inputs": [{**images, "stride": 32}]})
+    hw = [[(getattr(r, p)[2], getattr(r, p)[3]) for p in ("min", "opt", "max")] for (r,) in plan.profiles]
+    assert hw == [[(32, 32), (64, 64), (96, 96)], [(96, 96), (128, 128), (128, 128)]]  # 80 -> 96, 81 -> 96
+    plain = _plan(tmp_path, {**model, "inputs": [images]})
+    assert plain.profiles[1][0].min[2] == 81  # without a stride the edges are taken as given
+    # ... and ONNX Runtime refuses that shape, so the build says which field to set.
+    spec = write_spec(tmp_path, {"models": [{**model, "inputs": [images]}]})
+    res = tritonkit("build", "--spec", str(spec), "--out", str(tmp_path / "repo"))
+    assert_input_error(res, "models[0].inputs", "fails at images [4, 3, 80, 80]", "set stride: on the input")
+
+
+def test_a_batch_1_export_with_subgraphs_is_made_dynamic_or_refused_naming_the_node(tmp_path):
+    static_if(tmp_path / "free.onnx", pin=False)
+    static_if(tmp_path / "pinned.onnx", pin=True)
+    spec = write_spec(tmp_path, {"models": [{"name": "free", "onnx": "free.onnx", "max_batch_size": 4}]})
+    res = tritonkit("build", "--spec", str(spec), "--out", str(tmp_path / "repo"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "batch axis made dynamic" in res.stdout and "subgraphs folded and sorted too" in res.stdout
+    prepared = onnx.load(tmp_path / "repo/free/build/model.onnx")
+    assert [n.op_type for n in prepared.graph.node].count("If") == 1
+    x = np.random.default_rng(5).standard_normal((4, 4)).astype(np.float32)
+    stacked = np.concatenate([run(tmp_path / "free.onnx", {"x": x[i:i + 1]}) for i in range(4)])
+    np.testing.assert_allclose(run(prepared, {"x": x}), stacked, atol=1e-6)
+
+    spec = write_spec(tmp_path, {"models": [{"name": "pinned", "onnx": "pinned.onnx", "max_batch_size": 4}]})
+    res = tritonkit("build", "--spec", str(spec), "--out", str(tmp_path / "repo2"))
+    assert_input_error(res, "models[0].max_batch_size", "cannot make the batch axis dynamic safely",
+                       "If 'pick'", "fix: re-export")
+    assert not (tmp_path / "repo2").exists()
+
+
+@pytest.mark.parametrize("kind", ["fixed_batch_2", "corrupt"])
+def test_a_model_that_cannot_be_prepared_fails_alone_and_the_others_get_configs(tmp_path, kind):
+    real_models.minus_one_classifier(tmp_path / "cls.onnx")
+    real_models.text_classifier(tmp_path / "text.onnx")
+    if kind == "corrupt":
+        (tmp_path / "bad.onnx").write_bytes(b"\x08\x07this is not a protobuf model" * 20)
+        words = ["models[1].onnx", "model 'bad'", "is not a usable ONNX model", "fix: point onnx:"]
+    else:
+        fixed_batch(tmp_path / "cls.onnx", tmp_path / "bad.onnx", 2)
+        words = ["models[1].max_batch_size", "model 'bad'", "leading dims are x: 2", "fix: re-export"]
+    spec = write_spec(tmp_path, {"models": [
+        {"name": "cls", "onnx": "cls.onnx", "max_batch_size": 16},
+        {"name": "bad", "onnx": "bad.onnx", "max_batch_size": 8},
+        {"name": "text", "onnx": "text.onnx", "max_batch_size": 8, "inputs": TEXT_INPUTS}]})
+    repo = tmp_path / "repo"
+    res = tritonkit("build", "--spec", str(spec), "--out", str(repo))
+    assert_input_error(res, *words)
+    assert len([ln for ln in res.stderr.splitlines() if ln.startswith("tritonkit: error:")]) == 1
+    rows = {ln.split()[0]: ln.split()[1] for ln in res.stdout.splitlines() if ln.split()[:1] in (["cls"], ["bad"],
+                                                                                                    ["text"])}
+    assert rows["bad"] == "failed" and {rows["cls"], rows["text"]} <= {"prepared", "built"}, res.stdout
+    assert "problem" in res.stdout and "[2/3] bad: failed: models[1]." in res.stdout
+    for name in ("cls", "text"):
+        assert parse((repo / name / "config.pbtxt").read_text()).max_batch_size in (16, 8)
+        assert (repo / name / "build/build.json").is_file()
+    assert not (repo / "bad").exists()
+
+
+def test_inspect_counts_the_weights_inside_if_branches(tmp_path):
+    real_models.stateful_audio(tmp_path / "vad.onnx")
+    hidden = 128
+    assert weight_bytes(onnx.load(tmp_path / "vad.onnx")) == (2 * hidden + hidden) * 4 + 8  # branches, readout, sr
+    res = tritonkit("inspect", str(tmp_path / "vad.onnx"))
+    assert res.returncode == 0, res.stderr
+    assert "weights 1.5 KiB" in res.stdout, res.stdout
+    assert "input  sr: INT64 []" in res.stdout and "batch axis none (rank-0 'sr'" in res.stdout
 
 
 # ---- rebuilds -----------------------------------------------------------------------------------
