@@ -119,7 +119,7 @@ def format_result(result: dict) -> str:
     if srv.get("request_ms") is not None:
         lines.append(f"server per request: queue {srv['queue_ms']:.2f} ms, input {srv['compute_input_ms']:.2f} ms, "
                      f"infer {srv['compute_infer_ms']:.2f} ms, output {srv['compute_output_ms']:.2f} ms; "
-                     f"mean batch {srv['mean_batch']:.1f}; client overhead {result['client_overhead_ms']:.2f} ms")
+                     f"mean batch {srv['mean_batch']:.1f}; client overhead {_ms(result['client_overhead_ms'])} ms")
     if result.get("router"):
         lines.extend(format_router(result["router"]))
     if result["generator"]["warning"]:

@@ -104,7 +104,9 @@ def stride_detector(path: Path, stride: int = 32) -> Path:
     """images [-1, 3, H, W] -> heat [-1, 3, H, W]: pooled by `stride`, upsampled back and added to
     the input, so H and W must be multiples of the stride (as in an FPN detector)."""
     nodes = [
-        helper.make_node("Conv", ["images", "stem"], ["feat"], pads=[1, 1, 1, 1]),                  # [B, 3, H, W]
+        helper.make_node("Conv", ["images", "stem"], ["wide"], pads=[1, 1, 1, 1]),                  # [B, 32, H, W]
+        helper.make_node("Relu", ["wide"], ["act"]),
+        helper.make_node("Conv", ["act", "squeeze"], ["feat"]),                                     # [B, 3, H, W]
         helper.make_node("AveragePool", ["feat"], ["coarse"], kernel_shape=[stride, stride], strides=[stride, stride]),
         helper.make_node("Resize", ["coarse", "", "scales"], ["fine"], mode="nearest"),
         helper.make_node("Add", ["feat", "fine"], ["heat"]),
@@ -113,7 +115,7 @@ def stride_detector(path: Path, stride: int = 32) -> Path:
         nodes, "stride_detector",
         [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, "H", "W"])],
         [helper.make_tensor_value_info("heat", TensorProto.FLOAT, ["batch", 3, "H", "W"])],
-        initializer=[_w("stem", (3, 3, 3, 3), 6),
+        initializer=[_w("stem", (32, 3, 3, 3), 6), _w("squeeze", (3, 32, 1, 1), 12),
                      numpy_helper.from_array(np.array([1, 1, stride, stride], np.float32), "scales")])
     _save(graph, path)
     _minus_one_batch(path)

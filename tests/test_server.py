@@ -175,7 +175,8 @@ def test_reload_with_changed_config_under_load_loses_no_request(served):
         t.join(60)
         loop.close()
         # the spec's own config back in the repository and in force
-        generate(write_spec(served.spec_path.parent, SERVED_SPEC), served.repo, models=["reloadable"])
+        generate(load_spec(write_spec(served.spec_path.parent, SERVED_SPEC), served.repo), served.repo,
+                 models=["reloadable"])
         served.load("reloadable")
     result = box["result"]
     print(f"reload under load: {result.sent} sent, {result.ok} ok")
