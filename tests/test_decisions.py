@@ -64,7 +64,7 @@ class SimulatedTrials:
     def run(self, k: Knobs, load: Load, phase: str) -> Trial:
         t = Trial(len(self.trials) + 1, phase, k.label(), k.to_json(), load.describe(), load.rate)
         if load.rate is None:
-            b, n = min(load.concurrency, k.max_batch), 500
+            b, n = min(load.concurrency, k.items), 500
             stats = {"batch_stats": [{"batch_size": b, "compute_infer": {"count": n, "ns": n * WORLD.t_ms(b) * 1e6}}]}
             t.batch_stats, t.passed = ({}, stats), True
         else:
@@ -107,6 +107,15 @@ def test_offline_search_never_exceeds_the_trial_budget(budget):
     sim = SimulatedTrials()
     Search(sim, Objective(SLO_MS), bound=16, max_trials=budget, log=lambda s: None).run(Knobs(16, 8000, 1))
     assert len(sim.trials) <= budget
+
+
+def test_a_model_without_a_batch_axis_is_tuned_by_its_instances_alone():
+    sim = SimulatedTrials()
+    tuning = Search(sim, Objective(SLO_MS), bound=0, max_trials=20, log=lambda s: None).run(Knobs(0, 0, 1))
+    assert tuning.confirmed and tuning.best.knobs.max_batch == 0 and tuning.best.knobs.queue is None
+    assert all(t.knobs["max_batch_size"] == 0 and t.knobs["max_queue_delay_us"] == 0 for t in sim.trials)
+    assert tuning.best.knobs.instances == 2  # two instances serve more than one on two cores
+    assert tuning.overload is None  # no queue policy to check without dynamic batching
 
 
 def test_latency_objective_lowers_p95_at_the_target_rate():

@@ -223,12 +223,10 @@ def _direct_ms(site: Path, shape: list[int]) -> float:
     return statistics.median(times) * 1e3
 
 
-BATCHED = [m["name"] for m in SPEC["models"] if m["max_batch_size"] > 0]
-
-
-@pytest.mark.parametrize("name", BATCHED)
+@pytest.mark.parametrize("name", NAMES)
 def test_tune_measures_realistic_inputs(site, name, tmp_path):
-    """Each model tunes with the inputs its rules describe; for the stride-bound detector, the
+    """Each model tunes with the inputs its rules describe (one without a batch axis by its
+    instances alone); for the stride-bound detector, the
     compute Triton measured per request is that of an `opt`-sized image (a run at 1x1 per dynamic
     dim, as the tuner used to send, costs a small fraction of it)."""
     spec = load_spec(site / "deploy.yaml", site / "repo")
@@ -238,6 +236,8 @@ def test_tune_measures_realistic_inputs(site, name, tmp_path):
     trials = result.trials.trials
     measured = [t for t in trials if t.requests]
     assert measured and all(t.error_ratio == 0 for t in measured), [(t.label, t.errors) for t in measured]
+    batched = next(m for m in SPEC["models"] if m["name"] == name)["max_batch_size"] > 0
+    assert all((t.knobs["max_batch_size"] > 0) == batched for t in trials)
     if name == "detector":
         calibration = [t for t in trials if t.phase == "calibrate" and t.batch_stats]
         ones = [(c, ms) for t in calibration for b, c, ms in batch_points(*t.batch_stats) if b == 1]

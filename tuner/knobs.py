@@ -20,6 +20,9 @@ DELAYS_US = (0, 500, 2000, 8000)
 
 @dataclass(frozen=True)
 class Knobs:
+    """max_batch 0: a model without a batch axis (a stateful model, one with a data-dependent
+    output): Triton batches nothing there, so instances are its only knob."""
+
     max_batch: int
     delay_us: int
     instances: int = 1
@@ -35,16 +38,29 @@ class Knobs:
         # Dispatch as soon as a full batch is there; otherwise the delay decides.
         return [self.max_batch] if self.max_batch > 1 else []
 
+    @property
+    def batching(self) -> bool:
+        return self.max_batch > 0
+
+    @property
+    def items(self) -> int:
+        """Requests one execution serves at most (1 without a batch axis)."""
+        return max(1, self.max_batch)
+
     def label(self) -> str:
+        if not self.batching:
+            return f"no batch axis x{self.instances}"
         q = f" queue {self.queue.max_queue_size}/{self.queue.default_timeout_us // 1000}ms" if self.queue else ""
         return f"batch {self.max_batch:>2} delay {self.delay_us:>5} us x{self.instances}{q}"
 
     def model(self, m: ModelSpec) -> ModelSpec:
+        instances = m.instances.model_copy(update={"count": self.instances})
+        if not self.batching:
+            return m.model_copy(update={"instances": instances})
         update = {"preferred_batch_sizes": self.preferred, "max_queue_delay_us": self.delay_us}
         if self.queue is not None:
             update["default_queue_policy"] = self.queue
         batching = m.batching.model_copy(update=update)
-        instances = m.instances.model_copy(update={"count": self.instances})
         return m.model_copy(update={"max_batch_size": self.max_batch, "batching": batching, "instances": instances})
 
     def apply(self, spec: Spec, model: str) -> Spec:
@@ -77,13 +93,14 @@ def batch_sizes(bound: int) -> list[int]:
 def neighbours(k: Knobs, bound: int) -> list[Knobs]:
     """One step along each knob: batch x2 and /2, delay up or down the ladder, one instance more or less."""
     out = []
-    for b in (k.max_batch * 2, k.max_batch // 2):
-        if 1 <= b <= bound:
-            out.append(replace(k, max_batch=b))
-    i = _ladder_index(k.delay_us)
-    for j in (i + 1, i - 1, i - 2):  # two rungs down too: under load, queueing fills batches anyway
-        if 0 <= j < len(DELAYS_US):
-            out.append(replace(k, delay_us=DELAYS_US[j]))
+    if k.batching:
+        for b in (k.max_batch * 2, k.max_batch // 2):
+            if 1 <= b <= bound:
+                out.append(replace(k, max_batch=b))
+        i = _ladder_index(k.delay_us)
+        for j in (i + 1, i - 1, i - 2):  # two rungs down too: under load, queueing fills batches anyway
+            if 0 <= j < len(DELAYS_US):
+                out.append(replace(k, delay_us=DELAYS_US[j]))
     for n in (k.instances + 1, k.instances - 1):
         if 1 <= n <= max_instances():
             out.append(replace(k, instances=n))

@@ -161,9 +161,9 @@ class Search:
 
     def calibrate(self) -> CostModel:
         # An unbounded queue without timeouts: calibration wants executions, not rejections.
-        k = Knobs(self.bound, 2000, 1, queue=QueuePolicy())
+        k = Knobs(self.bound, 2000 if self.bound else 0, 1, queue=QueuePolicy() if self.bound else None)
         points: list = []
-        for clients in dict.fromkeys([1, max(1, self.bound // 2), 2 * self.bound]):
+        for clients in dict.fromkeys([1, max(1, self.bound // 2), max(2, 2 * self.bound)]):
             trial = self.t.run(k, self.t.closed_load(clients, seconds=1.0), "calibrate")
             if trial.batch_stats:
                 points += batch_points(*trial.batch_stats)
@@ -180,7 +180,7 @@ class Search:
         """Every (batch, instances) with the delay its expected rate fills, best predicted first."""
         out = []
         for instances in range(1, max_instances() + 1):
-            for b in batch_sizes(self.bound):
+            for b in batch_sizes(self.bound) or [0]:  # 0: no batch axis
                 if self.obj.rps:
                     rate = self.obj.rps
                     k = Knobs(b, on_ladder(delay_for(cm, b, rate, self.obj.slo_p95_ms)), instances)
@@ -188,14 +188,14 @@ class Search:
                 else:
                     rate = self.predicted_rate(cm, Knobs(b, 0, instances))
                     k = Knobs(b, on_ladder(delay_for(cm, b, rate, self.obj.slo_p95_ms)), instances)
-                    score = rate if cm.p95_ms(b, k.delay_us) <= self.obj.slo_p95_ms else 0.0
+                    score = rate if cm.p95_ms(k.items, k.delay_us) <= self.obj.slo_p95_ms else 0.0
                 out.append((score, k))
         out.sort(key=lambda x: (-x[0], x[1].instances, x[1].max_batch))
         return out
 
     def predicted_rate(self, cm: CostModel, k: Knobs) -> float:
         """The rate a config should sustain: 80% of its capacity (queueing near 100% breaks any SLO)."""
-        return 0.8 * cm.capacity(k.max_batch, k.instances)
+        return 0.8 * cm.capacity(k.items, k.instances)
 
     # -- the whole search ------------------------------------------------------------------------
 
@@ -245,18 +245,21 @@ class Search:
         best = tuning.best
         k = best.knobs
         if self.obj.rps:
-            rate, capacity = self.obj.rps, cm.capacity(k.max_batch, k.instances)
+            rate, capacity = self.obj.rps, cm.capacity(k.items, k.instances)
         else:
             rate = capacity = best.rate or 0.0
-        queue = protective_queue(self.t.spec.model(self.t.model).batching.default_queue_policy, capacity,
-                                 k.delay_us, self.obj.slo_p95_ms, k.max_batch, k.instances)
-        protected = replace(k, queue=queue)
-        self.log(f"== queue policy for the winner: max_queue_size {queue.max_queue_size}, "
-                 f"timeout {queue.default_timeout_us} us, REJECT; overload check at {1.5 * capacity:.0f} req/s")
-        if self.final_left > 2:
-            tuning.overload = self.t.run(protected, self.t.open_load(1.5 * capacity), "overload")
+        candidates = [k]
+        if k.batching:  # a queue policy is part of dynamic batching: none without a batch axis
+            queue = protective_queue(self.t.spec.model(self.t.model).batching.default_queue_policy, capacity,
+                                     k.delay_us, self.obj.slo_p95_ms, k.max_batch, k.instances)
+            protected = replace(k, queue=queue)
+            candidates.insert(0, protected)
+            self.log(f"== queue policy for the winner: max_queue_size {queue.max_queue_size}, "
+                     f"timeout {queue.default_timeout_us} us, REJECT; overload check at {1.5 * capacity:.0f} req/s")
+            if self.final_left > 2:
+                tuning.overload = self.t.run(protected, self.t.open_load(1.5 * capacity), "overload")
         self.log("== confirm")
-        confirmed = confirm(self.t, [protected, k], rate, step_down=not self.obj.rps, limit=self.final_left)
+        confirmed = confirm(self.t, candidates, rate, step_down=not self.obj.rps, limit=self.final_left)
         if confirmed is not None:
             tuning.best, tuning.confirmed = confirmed, True
 
@@ -283,7 +286,7 @@ def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: boo
 def predict_p95(cm: CostModel, k: Knobs, rate: float) -> float:
     """A rough P95 at `rate`: the part of the delay the rate leaves unfilled, the batch ahead and
     one's own, stretched by queueing as utilisation nears 1."""
-    b = max(1, min(k.max_batch, math.ceil(rate * (k.delay_us / 1e6 + cm.t_ms(k.max_batch) / 1e3))))
+    b = max(1, min(k.items, math.ceil(rate * (k.delay_us / 1e6 + cm.t_ms(k.items) / 1e3))))
     rho = rate / cm.capacity(b, k.instances)
     if rho >= 0.95:
         return math.inf

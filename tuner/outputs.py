@@ -78,8 +78,8 @@ def write_tuned(spec: Spec, model: str, k: Knobs) -> Path:
     batching = {"preferred_batch_sizes": k.preferred, "max_queue_delay_us": k.delay_us}
     if k.queue is not None:
         batching["default_queue_policy"] = k.queue.model_dump()
-    data["models"][model] = {"max_batch_size": k.max_batch, "batching": batching,
-                             "instances": {"count": k.instances}}
+    entry = {"max_batch_size": k.max_batch, "batching": batching, "instances": {"count": k.instances}}
+    data["models"][model] = entry if k.batching else {"instances": entry["instances"]}
     header = ("# Written by `tritonkit tune`: these keys override deploy.yaml's for the models named here.\n"
               "# `tritonkit configs` applies them. Delete a model's entry, or this file, to go back.\n")
     write_bytes_atomic(path, (header + yaml.safe_dump(data, sort_keys=False)).encode())

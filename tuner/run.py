@@ -35,6 +35,8 @@ def max_batch_bound(spec: Spec, model: str, limit: int | None = None) -> int:
     """The largest max batch the tuner may try: `limit` (default: the spec's max_batch_size),
     lowered by the memory plan of `tritonkit.build_engines` (the one place for that rule)."""
     m = spec.model(model)
+    if m.max_batch_size == 0:
+        return 0  # no batch axis: instances are the only knob
     wanted = m.model_copy(update={"max_batch_size": limit or m.max_batch_size})
     return max(1, serving_max_batch(spec, wanted))
 
@@ -46,9 +48,6 @@ def objective_for(spec: Spec, model: str, p95_ms: float | None, rps: float | Non
     if not slo:
         raise InputError([Problem(spec.shown, f"models[{spec.models.index(m)}].slo.p95_ms",
                                   "the tuner needs a P95 SLO", "set slo.p95_ms in the spec or pass --p95-ms")])
-    if m.max_batch_size < 1:
-        raise InputError([Problem(spec.shown, f"models[{spec.models.index(m)}].max_batch_size",
-                                  "a model without a batch axis has nothing to tune", "set max_batch_size >= 1")])
     return Objective(slo, rps, max_error_ratio)
 
 
