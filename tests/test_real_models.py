@@ -157,7 +157,7 @@ def _input_data(site: Path) -> dict[str, Path]:
 def _loadtest(served, name: str, engine: str, *args: str, out: Path) -> tuple[int, dict | None, str]:
     url = served.endpoints.http if engine == "locust" else served.endpoints.grpc
     done = tritonkit("loadtest", "--spec", "deploy.yaml", "--repo", "repo", "--model", name, "--url", url,
-                     "--engine", engine, "--rate", "25", "--duration", "2", "--warmup", "0.5", "--out", str(out),
+                     "--engine", engine, "--rate", "25", "--duration", "1.5", "--warmup", "0.5", "--out", str(out),
                      *args, cwd=served.site, timeout=180)
     result = json.loads((out / "result.json").read_text()) if (out / "result.json").exists() else None
     return done.returncode, result, done.stdout + done.stderr
@@ -175,18 +175,19 @@ def test_load_tests_with_generated_inputs_have_no_errors(site_served, tmp_path, 
     rc, result, console = _loadtest(site_served, name, engine, out=tmp_path)
     assert rc == 0, console[-2000:]
     o = result["overall"]
-    assert o["requests"] >= 20 and o["ok"] == o["requests"] and not o["errors"], console[-2000:]
+    assert o["requests"] >= 10 and o["ok"] == o["requests"] and not o["errors"], console[-2000:]
     assert "nan" not in console
 
 
-@pytest.mark.parametrize("engine", ["asyncio", "locust"])
-@pytest.mark.parametrize("name", ["text", "classifier", "detector"])
+@pytest.mark.parametrize("name, engine", [("text", "asyncio"), ("text", "locust"), ("classifier", "asyncio"),
+                                          ("detector", "locust")])
 def test_load_tests_with_real_request_data_have_no_errors(site_served, site, tmp_path, name, engine):
+    """perf_analyzer JSON with content (text) and b64 (classifier), and a folder of .npy (detector)."""
     data = _input_data(site)[name]
     rc, result, console = _loadtest(site_served, name, engine, "--input-data", str(data), out=tmp_path)
     assert rc == 0, console[-2000:]
     o = result["overall"]
-    assert o["requests"] >= 20 and o["ok"] == o["requests"], console[-2000:]
+    assert o["requests"] >= 10 and o["ok"] == o["requests"], console[-2000:]
     with site_served.client() as c:  # the data really reached the model: a direct call answers it the same
         sample = c.metadata(name).sampler(data)(1)
         assert c.infer(name, sample)
