@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -52,8 +53,12 @@ class SimulatedTrials:
         def model(name: str):
             return _ModelSpec
 
-    def __init__(self):
+    def __init__(self, collapses: bool = False):
         self.trials: list[Trial] = []
+        # Under more load than it can take, a config with a bounded queue either serves about its
+        # capacity within the SLO and rejects the rest (healthy), or, as Triton 2.51's batcher
+        # with a queue policy does, serves a fraction of it slowly (collapses).
+        self.collapses = collapses
 
     def open_load(self, rate: float) -> Load:
         return Load(rate=rate, duration_s=3, warmup_s=0.5, drain_s=1)
@@ -67,6 +72,11 @@ class SimulatedTrials:
             b, n = min(load.concurrency, k.items), 500
             stats = {"batch_stats": [{"batch_size": b, "compute_infer": {"count": n, "ns": n * WORLD.t_ms(b) * 1e6}}]}
             t.batch_stats, t.passed = ({}, stats), True
+        elif k.queue is not None and load.rate > (capacity := WORLD.capacity(k.items, k.instances)):
+            served = 0.2 * capacity if self.collapses else capacity
+            t.ok_rps, t.p95_ms = round(served, 1), 480.0 if self.collapses else 0.8 * SLO_MS
+            t.error_ratio = round(1 - served / load.rate, 4)
+            t.errors = {"queue_full": int(t.error_ratio * load.rate * 3)}
         else:
             p95 = predict_p95(WORLD, k, load.rate)
             t.p95_ms = None if math.isinf(p95) else round(p95, 3)
@@ -116,6 +126,20 @@ def test_a_model_without_a_batch_axis_is_tuned_by_its_instances_alone():
     assert all(t.knobs["max_batch_size"] == 0 and t.knobs["max_queue_delay_us"] == 0 for t in sim.trials)
     assert tuning.best.knobs.instances == 2  # two instances serve more than one on two cores
     assert tuning.overload is None  # no queue policy to check without dynamic batching
+
+
+def test_a_queue_policy_that_collapses_under_overload_is_never_written():
+    """The overload check is a gate: the same search in a world where the bounded queue collapses
+    (as on Triton 2.51) confirms the winner without the policy, and says why."""
+    healthy, collapsing = SimulatedTrials(), SimulatedTrials(collapses=True)
+    kept = Search(healthy, Objective(SLO_MS), bound=16, max_trials=30, log=lambda s: None).run(Knobs(16, 8000, 1))
+    dropped = Search(collapsing, Objective(SLO_MS), bound=16, max_trials=30, log=lambda s: None).run(
+        Knobs(16, 8000, 1))
+    assert kept.best.knobs.queue is not None and not kept.policy_note
+    assert dropped.overload is not None and not dropped.overload.passed
+    assert dropped.confirmed and dropped.best.knobs.queue is None
+    assert "failed its overload check" in dropped.policy_note
+    assert dropped.best.knobs == replace(kept.best.knobs, queue=None)  # the same winner, unprotected
 
 
 def test_latency_objective_lowers_p95_at_the_target_rate():

@@ -30,6 +30,9 @@ from tritonkit.tuner.trials import Trial, Trials
 
 RATE_STEP = 1.15  # the rate ladder of capacity searches: the resolution of a throughput figure
 FINAL_TRIALS = 3  # the overload check and up to two confirmations
+# Under 1.5x its capacity, a protective queue policy must still serve this share of the capacity
+# within the SLO (the rest rejected fast); Triton 2.51's batcher can collapse instead (README).
+OVERLOAD_GOODPUT = 0.9
 MAX_STEPS_DOWN = 5  # a config that fails 2x below its first rate is not worth more trials
 P95_GAIN = 0.10  # a latency-objective neighbour must be this much better (P95 of a 3 s run varies ~5-10%)
 
@@ -75,6 +78,7 @@ class Tuning:
     overload: Trial | None = None
     confirmed: bool = False
     stopped_because: str = ""
+    policy_note: str = ""  # why the winner has no protective queue policy, when it has none
 
 
 class Search:
@@ -253,11 +257,24 @@ class Search:
             queue = protective_queue(self.t.spec.model(self.t.model).batching.default_queue_policy, capacity,
                                      k.delay_us, self.obj.slo_p95_ms, k.max_batch, k.instances)
             protected = replace(k, queue=queue)
-            candidates.insert(0, protected)
             self.log(f"== queue policy for the winner: max_queue_size {queue.max_queue_size}, "
                      f"timeout {queue.default_timeout_us} us, REJECT; overload check at {1.5 * capacity:.0f} req/s")
+            # The check is a gate: a policy is only ever written after it held under overload.
             if self.final_left > 2:
-                tuning.overload = self.t.run(protected, self.t.open_load(1.5 * capacity), "overload")
+                tuning.overload = o = self.t.run(protected, self.t.open_load(1.5 * capacity), "overload")
+                if overload_holds(o, capacity, self.obj.slo_p95_ms):
+                    candidates.insert(0, protected)
+                else:
+                    p95 = "-" if o.p95_ms is None else f"{o.p95_ms:.1f}"
+                    tuning.policy_note = (f"the protective queue policy failed its overload check: "
+                                          f"{o.ok_rps:.0f} req/s served at P95 {p95} ms, against "
+                                          f"{OVERLOAD_GOODPUT:.0%} of {capacity:.0f} req/s within "
+                                          f"{self.obj.slo_p95_ms:g} ms; the winner is written without it")
+            else:
+                tuning.policy_note = "no trial was left for the overload check; the winner is written without " \
+                                     "a protective queue policy"
+            if tuning.policy_note:
+                self.log(f"   {tuning.policy_note}")
         self.log("== confirm")
         confirmed = confirm(self.t, candidates, rate, step_down=not self.obj.rps, limit=self.final_left)
         if confirmed is not None:
@@ -266,8 +283,8 @@ class Search:
 
 def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: bool, tries: int = 3,
             limit: int | None = None) -> Score | None:
-    """Measure again at `rate`; the first candidate that passes wins (later ones are fallbacks,
-    such as the same knobs without a queue policy). A rate that does not hold steps down.
+    """Measure again at `rate`; the first candidate that passes wins (later ones are fallbacks).
+    A rate that does not hold steps down; a fixed target rate is measured again instead.
     At most `limit` trials."""
     end = len(trials.trials) + (limit if limit is not None else tries * len(candidates))
     for _ in range(tries):
@@ -277,10 +294,15 @@ def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: boo
             trial = trials.run(k, trials.open_load(rate), "confirm")
             if trial.passed:
                 return Score(k, -trial.p95_ms if not step_down else trial.ok_rps, rate, trial)
-        if not step_down:
-            return None
-        rate /= RATE_STEP  # the sustained rate is lower than one lucky run said
+        if step_down:
+            rate /= RATE_STEP  # the sustained rate is lower than one lucky run said
+        # else: a fixed target rate; one unlucky run on a busy machine is measured again
     return None
+
+
+def overload_holds(t: Trial, capacity: float, slo_p95_ms: float) -> bool:
+    """Did a config keep serving about its capacity within the SLO while more load arrived?"""
+    return t.p95_ms is not None and t.p95_ms <= slo_p95_ms and t.ok_rps >= OVERLOAD_GOODPUT * capacity
 
 
 def predict_p95(cm: CostModel, k: Knobs, rate: float) -> float:

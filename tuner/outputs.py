@@ -47,6 +47,7 @@ def log_json(model: str, tuning: Tuning, trials: list[Trial], seconds: float) ->
         "baseline": _score(tuning.baseline), "best": _score(tuning.best), "confirmed": tuning.confirmed,
         "stopped_because": tuning.stopped_because,
         "overload": tuning.overload.to_json() if tuning.overload else None,
+        "policy_note": tuning.policy_note,
         "trials": [t.to_json() for t in trials], "trial_count": len(trials), "seconds": round(seconds, 1),
     }
 
@@ -131,8 +132,10 @@ def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial],
         lines += [f"Cost model from calibration: T(B) = {cm.c_fixed_ms:.3f} ms + B × {cm.c_per_ms:.3f} ms.", ""]
     if tuning.overload:
         o = tuning.overload
-        lines += [f"Overload check at {o.rate:.0f} req/s with the protective queue: P95 of served requests "
-                  f"{o.p95_ms if o.p95_ms is not None else '-'} ms, errors {o.errors}.", ""]
+        lines += [f"Overload check at {o.rate:.0f} req/s with the protective queue: {o.ok_rps:.0f} req/s served, "
+                  f"P95 of served requests {o.p95_ms if o.p95_ms is not None else '-'} ms, errors {o.errors}.", ""]
+    if tuning.policy_note:
+        lines += [f"Queue policy: {tuning.policy_note}.", ""]
     lines += ["![trials](trials.png)", "", "| # | phase | config | load | req/s | P95 ms | errors | pass |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for t in trials:
