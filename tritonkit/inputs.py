@@ -84,14 +84,22 @@ class Sampler:
         return out
 
     def _real(self, batch: int) -> dict[str, np.ndarray]:
-        """The next `batch` samples, stacked on the batch axis (cycling through the file)."""
-        picked = []
-        for _ in range(batch if self.batched else 1):
-            picked.append(self.samples[self._next % len(self.samples)])
-            self._next += 1
+        """The next `batch` samples, stacked on the batch axis (cycling through the file). One
+        request holds one shape: a sample of another shape is left for the next request, and the
+        batch is filled with copies of its first sample."""
+        first = self.samples[self._next % len(self.samples)]
+        self._next += 1
         if not self.batched:
-            return dict(picked[0])
-        return {name: np.stack([p[name] for p in picked]) for name in picked[0]}
+            return dict(first)
+        picked = [first]
+        while len(picked) < batch:
+            nxt = self.samples[self._next % len(self.samples)]
+            if any(nxt[n].shape != first[n].shape for n in first):
+                picked += [first] * (batch - len(picked))
+                break
+            picked.append(nxt)
+            self._next += 1
+        return {name: np.stack([p[name] for p in picked]) for name in first}
 
 
 def sampler_for(rules: list[InputRule], batched: bool, input_data: Path | None = None, seed: int = 0) -> Sampler:

@@ -1,0 +1,76 @@
+"""The one sampler and the real-data reader (tritonkit/inputs.py), without a server: what every
+generated request looks like, and how perf_analyzer's files and .npy folders are read and checked."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+
+from tritonkit.errors import InputError
+from tritonkit.input_rules import InputRule
+from tritonkit.inputs import Sampler, read_input_data, sampler_for
+
+IDS = InputRule("ids", "INT64", (-1,), min=(1,), opt=(16,), max=(64,), values=(0, 999))
+IMAGE = InputRule("image", "FP32", (3, -1, -1), min=(3, 32, 32), opt=(3, 100, 70), max=(3, 512, 512), stride=32)
+SR = InputRule("sr", "INT64", (), value=16000)
+
+
+def test_generated_requests_follow_opt_stride_values_and_constants():
+    out = Sampler([IDS, IMAGE, SR], batched=True, rng=np.random.default_rng(0))(4)
+    assert out["ids"].shape == (4, 16) and out["ids"].dtype == np.int64
+    assert out["ids"].min() >= 0 and out["ids"].max() <= 999
+    assert out["image"].shape == (4, 3, 128, 96)  # opt rounded up to the stride
+    assert out["sr"].shape == (4, 1) and set(out["sr"].ravel()) == {16000}  # a scalar travels as [1]
+    plain = Sampler([InputRule("n", "INT32", (-1,))], batched=False)()
+    assert plain["n"].shape == (1,) and not plain["n"].any()  # no range: 1, and zero ints
+
+
+def test_shapes_are_drawn_from_the_list_and_refused_outside_the_range():
+    rule = InputRule("w", "FP32", (1, -1), min=(1, 16), max=(1, 256), shapes=((1, 32), (1, 64)))
+    s = Sampler([rule], batched=True, rng=np.random.default_rng(1))
+    assert {s(1)["w"].shape[-1] for _ in range(20)} == {32, 64} and s.varies
+    assert IMAGE.out_of_range((3, 1024, 64)) == ("dim 1 is 1024, above the maximum 512 "
+                                                 "(shape range [3, 32, 32]..[3, 512, 512])")
+    assert "multiple of the stride 32" in IMAGE.out_of_range((3, 64, 65))
+    assert IMAGE.out_of_range((3, 64, 64)) is None
+
+
+def test_perf_analyzer_json_content_and_b64_cycle_and_batch_by_shape(tmp_path):
+    f = tmp_path / "data.json"
+    f.write_text(json.dumps({"data": [
+        {"ids": {"content": [1, 2], "shape": [2]}, "sr": [16000]},
+        {"ids": {"b64": base64.b64encode(np.array([5, 6], np.int64).tobytes()).decode(), "shape": [2]},
+         "sr": [8000]},
+        {"ids": {"content": [7, 8, 9], "shape": [3]}, "sr": [16000]}]}))
+    s = sampler_for([IDS, SR], batched=True, input_data=f)
+    first = s(2)
+    assert first["ids"].tolist() == [[1, 2], [5, 6]] and first["sr"].tolist() == [[16000], [8000]]
+    third = s(2)  # a 3-token sample cannot share a request with 2-token ones: copies fill the batch
+    assert third["ids"].tolist() == [[7, 8, 9], [7, 8, 9]]
+    assert s(1)["ids"].tolist() == [[1, 2]]  # cycles
+
+
+def test_npy_folder_of_samples(tmp_path):
+    np.save(tmp_path / "ids.npy", np.array([[1, 2, 3], [4, 5, 6]]))
+    (tmp_path / "image").mkdir()
+    for i in range(2):
+        np.save(tmp_path / "image" / f"{i}.npy", np.zeros((3, 32, 64), np.float32))
+    samples = read_input_data(tmp_path, [IDS, IMAGE])
+    assert len(samples) == 2 and samples[1]["ids"].tolist() == [4, 5, 6]
+
+
+@pytest.mark.parametrize("doc, field", [
+    ({"data": [{"ids": {"content": [1, 2], "shape": [3]}}]}, "data[0].ids"),  # too few values
+    ({"data": [{"ids": {"content": list(range(100)), "shape": [100]}}]}, "data[0].ids"),  # above max 64
+    ({"data": [{"nope": [1]}]}, "data[0].nope"),
+    ({"rows": []}, "data"),
+])
+def test_bad_input_data_names_the_file_and_the_sample(tmp_path, doc, field):
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(InputError) as e:
+        read_input_data(f, [IDS])
+    assert str(f) in str(e.value) and field in str(e.value) and "fix:" in str(e.value)
