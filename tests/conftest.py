@@ -46,8 +46,10 @@ SERVED_SPEC = {
                          "max_queue_delay_us": 500},
         },
         {
+            # a slow model: even when a busy box lets the client's sends trickle out, each one
+            # finds the single instance busy and the 2-deep queue full
             "name": "tiny_queue",
-            "onnx": "onnx/mlp_big.onnx",
+            "onnx": "onnx/mlp_slow.onnx",
             "max_batch_size": 1,
             "batching": {"default_queue_policy": {"max_queue_size": 2}},
         },

@@ -92,7 +92,11 @@ def test_queue_full_is_raised_as_its_type(served):
             outcomes = await asyncio.gather(*(c.infer("tiny_queue", x) for _ in range(48)), return_exceptions=True)
         return outcomes
 
-    outcomes = asyncio.run(main())
+    outcomes = []
+    for _ in range(5):  # another burst if a starved client's sends trickled out slower than the model
+        outcomes += asyncio.run(main())
+        if any(isinstance(o, QueueFullError) for o in outcomes):
+            break
     assert any(isinstance(o, QueueFullError) for o in outcomes)
     assert all(isinstance(o, (dict, QueueFullError)) for o in outcomes)
 
