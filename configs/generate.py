@@ -221,11 +221,11 @@ def write_model(r: ResolvedModel, cfg: mc.ModelConfig, out: Path) -> WriteReport
         elif (version / name).exists():
             (version / name).unlink()  # a stale runner would mislead whoever reads the folder
             changed.append(version / name)
+    rules = {x.name: x for x in input_rules(r)}
     for w in cfg.model_warmup[:1]:
         for name, inp in w.inputs.items():
             if inp.input_data_file:  # one sample; Triton repeats it for a larger warm-up batch
-                rule = next(x for x in input_rules(r) if x.name == name)
-                data = Sampler([rule], batched=False)()[name].tobytes()
+                data = Sampler([rules[name]], batched=False)()[name].tobytes()
                 if write_bytes_atomic(folder / "warmup" / inp.input_data_file, data):
                     changed.append(folder / "warmup" / inp.input_data_file)
     cfg_path = folder / "config.pbtxt"
