@@ -173,11 +173,18 @@ class Client(_Base):
         stats = _as_dict(self._call(self._c.get_inference_statistics, model))
         return stats["model_stats"][0]
 
-    def load(self, model: str, config: mc.ModelConfig | None = None) -> None:
-        """Load or reload a model; with `config`, Triton uses it instead of the file's config."""
+    def server_version(self) -> str:
+        md = self._call(self._c.get_server_metadata)
+        return md["version"] if isinstance(md, dict) else md.version
+
+    def load(self, model: str, config: mc.ModelConfig | None = None, files: dict[str, bytes] | None = None) -> None:
+        """Load or reload a model; with `config`, Triton uses it instead of the file's config; with
+        `files` ("1/model.onnx" -> bytes, and `config`), the model need not be in the server's repository."""
         kw: dict[str, Any] = {"headers": self.key_headers}
         if config is not None:
             kw["config"] = json_format.MessageToJson(config, preserving_proto_field_name=True)
+        if files:
+            kw["files"] = {f"file:{name}": data for name, data in files.items()}
         self._call(self._c.load_model, model, **kw)
         self._meta_cache.pop(model, None)
 

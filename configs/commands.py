@@ -8,18 +8,29 @@ from pathlib import Path
 from tritonkit.commandline import DEFAULT_REPO, say, spec_arg
 from tritonkit.configs.generate import generate
 from tritonkit.configs.loader import load_spec
+from tritonkit.configs.server_fit import server_warnings
+from tritonkit.spec import Spec
+
+
+def warn(spec: Spec, target: str = "local") -> None:
+    """What the target server would do with these configs that the rules cannot forbid."""
+    for line in server_warnings(spec, target):
+        say(f"warning: {spec.shown}: {line}")
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
     spec = load_spec(a.spec, a.repo)
     say(f"{a.spec}: ok ({len(spec.models)} model(s): {', '.join(m.name for m in spec.models)})")
+    warn(spec)
     return 0
 
 
 def cmd_configs(a: argparse.Namespace) -> int:
-    for r in generate(load_spec(a.spec, a.out), a.out, a.target, a.model or None):
+    spec = load_spec(a.spec, a.out)
+    for r in generate(spec, a.out, a.target, a.model or None):
         state = "updated" if r.changed else "unchanged"
         say(f"{r.config_path}: {state} (runtime {r.runtime})")
+    warn(spec, a.target)
     return 0
 
 

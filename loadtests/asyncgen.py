@@ -67,7 +67,7 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
                 sample = Sample(cls.name, scheduled, sent, time.perf_counter() - sent,
                                 endpoint=getattr(r, "endpoint", None))
             except TritonRequestError as e:
-                sample = Sample(cls.name, scheduled, sent, None, e.kind)
+                sample = Sample(cls.name, scheduled, sent, None, e.kind, failed_after_s=time.perf_counter() - sent)
                 out.error_examples.setdefault(e.kind, str(e)[:200])
             if window[0] <= scheduled < window[1]:
                 out.samples.append(sample)

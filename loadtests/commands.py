@@ -14,6 +14,7 @@ from tritonkit.errors import InputError, KitError, flag_problem
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.load import Load, RequestClass
 from tritonkit.loadtests.measure import measure_by
+from tritonkit.loadtests.probe import probe
 from tritonkit.loadtests.results import error_share, format_result, format_router, write_result
 from tritonkit.loadtests.routed import measure_router, route_requests
 
@@ -139,7 +140,20 @@ ROUTE_DESCRIPTION = (
     "breaker state, and Triton's own inference and response-cache-hit counts.")
 
 
+def cmd_probe(a: argparse.Namespace) -> int:
+    traits = probe(a.state_dir, say, a.url)
+    say(traits.describe())
+    return 0
+
+
 def register(sub) -> None:
+    sp = sub.add_parser("probe", help="measure whether the server keeps serving behind a bounded queue under "
+                                      "overload (cached per server version; configs, validate and tune read it)")
+    sp.add_argument("--url", help="gRPC HOST:PORT of a running server with explicit model control (default: the "
+                                  "bundled server, started here)")
+    sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+    sp.set_defaults(func=cmd_probe)
+
     sp = sub.add_parser("loadtest", help="measure a model under load (Locust headless): exact percentiles, "
                                          "server breakdown, generator health")
     load_args(sp, "out/loadtest")

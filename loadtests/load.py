@@ -166,6 +166,7 @@ class Sample:
     latency_s: float | None  # None when the request failed
     kind: str | None = None  # error kind when it failed
     endpoint: str | None = None  # through a router: the endpoint that answered
+    failed_after_s: float | None = None  # a failed request: how long its error took to come back
 
 
 @dataclass

@@ -220,6 +220,7 @@ class TritonUser(User):
         RECORDER.record(c.name, latency_s * 1e3, error.kind if error else None)
         if Run.in_window(scheduled):
             Run.outcome.samples.append(Sample(c.name, scheduled, start, None if error else latency_s,
-                                              error.kind if error else None))
+                                              error.kind if error else None,
+                                              failed_after_s=latency_s if error else None))
             if error:
                 Run.outcome.error_examples.setdefault(error.kind, str(error)[:200])

@@ -25,8 +25,11 @@ def class_summary(samples, duration_s: float) -> dict:
     for s in samples:
         if s.kind:
             errors[s.kind] = errors.get(s.kind, 0) + 1
+    failed = [s.failed_after_s for s in samples if s.failed_after_s is not None]
+    # How fast a refusal comes back: a bounded queue should answer "full" at once, not at a timeout.
     return {"requests": len(samples), "ok": len(ok), "errors": errors,
-            "throughput_rps": len(ok) / duration_s, **summary_ms(ok)}
+            "throughput_rps": len(ok) / duration_s, **summary_ms(ok),
+            "failed_p95_ms": percentile(failed, 95) * 1e3 if failed else None}
 
 
 def build_result(model: str, load: Load, classes: list[RequestClass], out: Outcome,

@@ -3,6 +3,7 @@ on free ports and always stopped by its own pid (LocalTriton.stop)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -120,6 +121,26 @@ SERVED_SPEC = {
     ],
     "server": {"http_port": 0, "grpc_port": 0, "metrics_port": 0},
 }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def probe_cache(tmp_path_factory) -> Path:
+    """`tritonkit probe`'s answers go to a cache of this session's own: the first test that needs
+    them (a tune, the probe test) measures the bundled server once; no test reads a user's cache."""
+    path = tmp_path_factory.mktemp("probe_cache")
+    os.environ["TRITONKIT_CACHE"] = str(path)  # inherited by every `tritonkit` the tests start
+    return path
+
+
+@pytest.fixture(scope="session")
+def probed(probe_cache, tmp_path_factory) -> dict:
+    """`tritonkit probe` run once, as a user runs it: its cache entry for the bundled server. Tests
+    that tune ask for it, so that the tuner reads the cache instead of probing again."""
+    r = tritonkit("probe", "--state-dir", str(tmp_path_factory.mktemp("probe_state")), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads((probe_cache / "server-probe.json").read_text())
+    (version, entry), = data["versions"].items()
+    return {"stdout": r.stdout, "version": version, **entry}
 
 
 def write_spec(folder: Path, data: dict) -> Path:

@@ -17,11 +17,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonkit.clients import AsyncRouter, RouterPolicy
 from tritonkit.clients.errors import UnavailableError
 from tritonkit.loadtests.load import Load
-from tritonkit.spec import QueuePolicy
+from tritonkit.server_traits import ServerTraits
+from tritonkit.spec import Batching, QueuePolicy
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs, batch_sizes, grid
 from tritonkit.tuner.offline import RATE_STEP, Objective, Search, predict_p95
 from tritonkit.tuner.online import Controller, OnlineSettings, Window
+from tritonkit.tuner.protect import Budget, protect
 from tritonkit.tuner.trials import Trial
 
 SLO_MS = 25.0
@@ -38,8 +40,7 @@ def two_cores(monkeypatch):
 # -- the offline search ------------------------------------------------------------------------
 
 class _ModelSpec:
-    class batching:  # noqa: N801 - the attribute path the search reads
-        default_queue_policy = QueuePolicy(max_queue_size=128)
+    batching = Batching(default_queue_policy=QueuePolicy(max_queue_size=128))
 
 
 class SimulatedTrials:
@@ -66,7 +67,7 @@ class SimulatedTrials:
     def closed_load(self, clients: int, seconds: float | None = None) -> Load:
         return Load(concurrency=clients, duration_s=seconds or 3, warmup_s=0.5, drain_s=1)
 
-    def run(self, k: Knobs, load: Load, phase: str) -> Trial:
+    def run(self, k: Knobs, load: Load, phase: str, classes=None) -> Trial:
         t = Trial(len(self.trials) + 1, phase, k.label(), k.to_json(), load.describe(), load.rate)
         if load.rate is None:
             b, n = min(load.concurrency, k.items), 500
@@ -108,8 +109,8 @@ def test_offline_search_finds_near_the_grid_best_within_its_budget():
     assert [t.phase for t in sim.trials[:4]] == ["calibrate"] * 3 + ["baseline"]
     assert tuning.cost_model.c_fixed_ms == pytest.approx(2.0) and tuning.cost_model.c_per_ms == pytest.approx(0.5)
     # the winner carries the queue policy that protects the SLO, and it was checked under overload
-    assert tuning.best.knobs.queue is not None and tuning.overload is not None
-    assert tuning.overload.rate == pytest.approx(1.5 * tuning.best.rate)
+    assert tuning.best.knobs.queue is not None
+    assert [o.rate for o in tuning.overload] == pytest.approx([1.5 * tuning.best.rate, 3 * tuning.best.rate])
 
 
 @pytest.mark.parametrize("budget", [6, 9, 14])
@@ -125,7 +126,7 @@ def test_a_model_without_a_batch_axis_is_tuned_by_its_instances_alone():
     assert tuning.confirmed and tuning.best.knobs.max_batch == 0 and tuning.best.knobs.queue is None
     assert all(t.knobs["max_batch_size"] == 0 and t.knobs["max_queue_delay_us"] == 0 for t in sim.trials)
     assert tuning.best.knobs.instances == 2  # two instances serve more than one on two cores
-    assert tuning.overload is None  # no queue policy to check without dynamic batching
+    assert tuning.overload == []  # no queue policy to check without dynamic batching
 
 
 def test_a_queue_policy_that_collapses_under_overload_is_never_written():
@@ -136,10 +137,31 @@ def test_a_queue_policy_that_collapses_under_overload_is_never_written():
     dropped = Search(collapsing, Objective(SLO_MS), bound=16, max_trials=30, log=lambda s: None).run(
         Knobs(16, 8000, 1))
     assert kept.best.knobs.queue is not None and not kept.policy_note
-    assert dropped.overload is not None and not dropped.overload.passed
+    assert dropped.overload and not any(o.passed for o in dropped.overload)
     assert dropped.confirmed and dropped.best.knobs.queue is None
     assert "failed its overload check" in dropped.policy_note
     assert dropped.best.knobs == replace(kept.best.knobs, queue=None)  # the same winner, unprotected
+
+
+def test_the_protective_policy_is_cut_from_measured_times_per_priority_level():
+    """Queue budget = SLO - compute at the batch - overhead; interactive drains at the whole
+    capacity, the default level at half; on a server whose batcher stalls behind a full queue the
+    interactive level keeps only its timeout and the instances go up to what the probe found safe."""
+    levels = Batching(priority_levels=2, default_priority=2)
+    budget = Budget(slo_ms=25, compute_ms=10, overhead_ms=1)
+    k, why = protect(Knobs(16, 2000, 1), levels, budget, capacity_rps=4000, traits=None)
+    assert "queue budget 14.0 ms" in why
+    assert (k.queue.max_queue_size, k.queue.default_timeout_us) == (28, 14000)  # 4000/s x 14 ms / 2
+    assert [(lv, q.max_queue_size, q.default_timeout_us) for lv, q in k.level_queues] == [(1, 56, 14000)]
+    assert k.instances == 1
+    stalls = ServerTraits("2.51.0", stalls=True, safe_instances=2)
+    k, why = protect(Knobs(16, 2000, 1), levels, budget, capacity_rps=4000, traits=stalls)
+    assert k.instances == 2 and "stalls a bounded queue" in why
+    assert [(lv, q.max_queue_size, q.default_timeout_us) for lv, q in k.level_queues] == [(1, 0, 14000)]
+    assert k.queue.max_queue_size == 28  # bulk still turns work away at once
+    # an SLO that compute and overhead already fill leaves no queue to protect
+    k, why = protect(Knobs(16, 2000, 1), levels, Budget(10, 9.5, 1), capacity_rps=4000, traits=None)
+    assert k is None and "leaves nothing to queue in" in why
 
 
 def test_latency_objective_lowers_p95_at_the_target_rate():

@@ -78,7 +78,7 @@ def test_serve_parses_once(workdir):
 
 
 @pytest.mark.server
-def test_tune_after_build_on_a_batch_1_export_succeeds_and_parses_once(workdir):
+def test_tune_after_build_on_a_batch_1_export_succeeds_and_parses_once(workdir, probed):
     """A model exported with its batch fixed at 1: `build` makes the batch dynamic, and `tune`
     then tunes the prepared graph (it used to refuse the original)."""
     static_reshape(workdir / "static.onnx")
@@ -95,7 +95,7 @@ def test_tune_after_build_on_a_batch_1_export_succeeds_and_parses_once(workdir):
 
 
 @pytest.mark.server
-def test_demo_parses_once(workdir):
+def test_demo_parses_once(workdir, probed):
     """The demo runs steps 1-6 (configs, serve, burst, Locust, sweep) and is interrupted once the
     tuner (step 7) has started: the tuner's own parse count is the `tune` test's. Ctrl-C there
     puts the pre-tuning config back and exits 130."""

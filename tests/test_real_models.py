@@ -225,7 +225,7 @@ def _direct_ms(site: Path, shape: list[int]) -> float:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_tune_measures_realistic_inputs(site, name, tmp_path):
+def test_tune_measures_realistic_inputs(site, name, tmp_path, probed):
     """Each model tunes with the inputs its rules describe (one without a batch axis by its
     instances alone); for the stride-bound detector, the
     compute Triton measured per request is that of an `opt`-sized image (a run at 1x1 per dynamic

@@ -36,7 +36,7 @@ def _tune(workdir, *args: str, timeout: float = 400):
     return spec, done
 
 
-def test_offline_meets_the_slo_that_the_spec_misses(workdir):
+def test_offline_meets_the_slo_that_the_spec_misses(workdir, probed):
     spec, done = _tune(workdir, "--rps", "300", "--max-trials", "12")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     log = json.loads((workdir / "out" / "trials.json").read_text())
@@ -69,7 +69,7 @@ def test_bad_tune_arguments_are_clear_errors(workdir):
     assert not (workdir / "out").exists() and not (workdir / "repo").exists()  # nothing was started or written
 
 
-def test_a_second_tuner_on_the_same_repository_is_refused(workdir):
+def test_a_second_tuner_on_the_same_repository_is_refused(workdir, probed):
     from tritonkit.tuner.lock import repository_lock
 
     write_spec(workdir, SLOW_SPEC)
@@ -78,7 +78,7 @@ def test_a_second_tuner_on_the_same_repository_is_refused(workdir):
     assert done.returncode == 1 and "another tuner" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_refused_candidate_and_killed_server_end_with_the_last_known_good_config(workdir):
+def test_refused_candidate_and_killed_server_end_with_the_last_known_good_config(workdir, probed):
     """A candidate Triton refuses (a GPU instance on a CPU machine) and a server killed in the
     middle of a trial: both leave the last-known-good config in the repository and serving."""
     from dataclasses import replace

@@ -37,6 +37,12 @@ class Install:
     cache_dir: Path | None
     lib_dirs: tuple[Path, ...] = ()
 
+    @property
+    def fingerprint(self) -> str:
+        """Which server this is without starting it: what a probe's result is cached under."""
+        st = self.binary.stat()
+        return f"{self.binary.resolve()}:{st.st_size}:{int(st.st_mtime)}"
+
 
 @dataclass
 class Endpoints:

@@ -222,6 +222,12 @@ class Spec:
         models = [model if m.name == model.name else m for m in self.models]
         return Spec(self.data.model_copy(update={"models": models}), self.path, self.shown, self.source)
 
+    def as_written(self) -> Spec:
+        """deploy.yaml without the tuned.yaml overlay (validated from what was read, nothing re-read)."""
+        if self.source is None:
+            return self
+        return Spec(DeploySpec.model_validate(copy.deepcopy(self.source)), self.path, self.shown, self.source)
+
     def model(self, name: str) -> ModelSpec:
         for m in self.models:
             if m.name == name:

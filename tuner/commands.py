@@ -6,10 +6,12 @@ import argparse
 from pathlib import Path
 
 from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, say, spec_arg
-from tritonkit.configs.loader import load_spec
+from tritonkit.configs.loader import load_spec, resolve
 from tritonkit.configs.steps import serve_configured
+from tritonkit.errors import InputError, Problem
 from tritonkit.loadtests.bench import run_bench
 from tritonkit.loadtests.commands import FREE_PORTS, load_args, load_from
+from tritonkit.loadtests.overload import run_overload_bench
 from tritonkit.server import read_state
 from tritonkit.spec import parse_spec
 from tritonkit.tuner.bench import run_tuner_bench
@@ -70,6 +72,19 @@ def cmd_bench(a: argparse.Namespace) -> int:
         model = a.model or spec.models[0].name
         run_tuner_bench(spec, model, a.repo, a.state_dir, a.out, max_trials=a.max_trials, log=say)
         say(f"wrote {a.out / 'bench_tuner.json'}")
+    elif a.what == "overload":
+        spec = load_spec(a.spec, a.repo)
+        model = spec.model(a.model or spec.models[0].name)
+        if model.slo.p95_ms is None:
+            raise InputError([Problem(str(a.spec), f"models.{model.name}.slo.p95_ms", "the overload bench counts "
+                                      "requests within the SLO", "set slo.p95_ms for the model")])
+        written = resolve(spec.as_written(), a.repo)
+        configs = {"spec": written}
+        if written.model(model.name) != model:
+            configs["tuned"] = spec  # tuned.yaml names this model
+        run_overload_bench(configs, model.name, a.out / "overload_repo", a.state_dir, a.out,
+                           seconds=a.seconds, log=say)
+        say(f"wrote {a.out / 'bench_overload.json'}")
     return 0
 
 
@@ -108,11 +123,12 @@ def register(sub) -> None:
     sp.set_defaults(func=cmd_tune)
 
     sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
-    sp.add_argument("what", choices=["generators", "tuner"],
+    sp.add_argument("what", choices=["generators", "tuner", "overload"],
                     help="generators: Locust HTTP vs asyncio gRPC capacity and distortion; "
-                         "tuner: the tuner against an exhaustive grid over the same knobs")
+                         "tuner: the tuner against an exhaustive grid over the same knobs; "
+                         "overload: the spec's and the tuned config at 0.8x, 1.5x and 3x their capacity")
     spec_arg(sp)
-    sp.add_argument("--model", help="tuner: the model (default: the spec's first)")
+    sp.add_argument("--model", help="tuner, overload: the model (default: the spec's first)")
     sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
     sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
     sp.add_argument("--max-trials", type=int, default=30, help="tuner: the tuner's trial budget")

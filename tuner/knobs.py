@@ -7,7 +7,6 @@ written and checked, so a tuned config obeys every rule a hand-written one does.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -27,7 +26,9 @@ class Knobs:
     delay_us: int
     instances: int = 1
     # None keeps the spec's default queue policy; the tuner sets one that protects the SLO last
+    # (tuner/protect.py), with the policies of the levels above the default one
     queue: QueuePolicy | None = None
+    level_queues: tuple[tuple[int, QueuePolicy], ...] = ()
     # None: the tuner's rule below; the sweep keeps the spec's sizes that fit the max batch
     preferred_sizes: tuple[int, ...] | None = None
 
@@ -50,7 +51,8 @@ class Knobs:
     def label(self) -> str:
         if not self.batching:
             return f"no batch axis x{self.instances}"
-        q = f" queue {self.queue.max_queue_size}/{self.queue.default_timeout_us // 1000}ms" if self.queue else ""
+        q = f" queue {_queue_label(self.queue)}" if self.queue else ""
+        q += "".join(f" p{lv} {_queue_label(p)}" for lv, p in self.level_queues)
         return f"batch {self.max_batch:>2} delay {self.delay_us:>5} us x{self.instances}{q}"
 
     def model(self, m: ModelSpec) -> ModelSpec:
@@ -60,6 +62,8 @@ class Knobs:
         update = {"preferred_batch_sizes": self.preferred, "max_queue_delay_us": self.delay_us}
         if self.queue is not None:
             update["default_queue_policy"] = self.queue
+        if self.level_queues:
+            update["priority_queue_policies"] = {**m.batching.priority_queue_policies, **dict(self.level_queues)}
         batching = m.batching.model_copy(update=update)
         return m.model_copy(update={"max_batch_size": self.max_batch, "batching": batching, "instances": instances})
 
@@ -71,7 +75,14 @@ class Knobs:
                "preferred_batch_sizes": self.preferred}
         if self.queue is not None:
             out["default_queue_policy"] = self.queue.model_dump()
+        if self.level_queues:
+            out["priority_queue_policies"] = {lv: p.model_dump() for lv, p in self.level_queues}
         return out
+
+
+def _queue_label(q: QueuePolicy) -> str:
+    size = q.max_queue_size or "-"
+    return f"{size}/{q.default_timeout_us / 1000:g}ms"
 
 
 def from_spec(m: ModelSpec) -> Knobs:
@@ -122,18 +133,3 @@ def grid(batches, delays=DELAYS_US, instances=None,
     count, the spec's preferred sizes that fit each max batch)."""
     return [Knobs(b, d, i, preferred_sizes=None if preferred_of is None else tuple(preferred_of(b)))
             for i in (instances or range(1, max_instances() + 1)) for d in delays for b in batches]
-
-
-def protective_queue(base: QueuePolicy | None, capacity_rps: float, delay_us: int, slo_p95_ms: float,
-                     max_batch: int, instances: int) -> QueuePolicy:
-    """A bounded queue that rejects fast rather than letting every request go slow (ARCHITECTURE.md).
-
-    A request that finds q requests ahead waits about q / capacity plus the batching delay; the
-    queue is cut at twice the q where that reaches the SLO (Poisson bursts pass through the queue
-    and drain), and never below two batches per instance plus the one forming. The timeout drops
-    a request that waited past the SLO anyway (it would be late); clients may ask for a shorter one."""
-    budget_s = max(0.0, slo_p95_ms - delay_us / 1e3) / 1e3
-    size = max(max_batch * (2 * instances + 1), math.ceil(2 * capacity_rps * budget_s))
-    base = base or QueuePolicy()
-    return base.model_copy(update={"max_queue_size": size, "timeout_action": "REJECT",
-                                   "default_timeout_us": int(slo_p95_ms * 1e3), "allow_timeout_override": True})

@@ -10,8 +10,10 @@
    by half a rate step (throughput objective) or 10% of P95 (latency objective): the noise of a
    short run here. A near miss, and a failure right after a pass, are measured once more before
    they count. The search stops when no neighbour is better, or at the trial budget.
-5. The queue policy that protects the SLO is derived for the winner, checked under overload, and
-   the winner is measured again to confirm it (stepping its rate down until it holds).
+5. The queue policy that protects the SLO is derived for the winner from measured times, checked
+   at 1.5x and 3x its capacity (tuner/protect.py: a policy that fails is tightened once, then
+   dropped with the reason in the report), and the winner is measured again to confirm it
+   (stepping its rate down until it holds).
 
 Objective: with a target rate, the lowest P95 at that rate; without one, the highest rate that
 is sustained with P95 at or under the SLO and errors under the bound.
@@ -21,18 +23,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 
+from tritonkit.server_traits import ServerTraits
 from tritonkit.spec import QueuePolicy
 from tritonkit.tuner.costmodel import CostModel, batch_points, delay_for, fit, parallelism
-from tritonkit.tuner.knobs import Knobs, batch_sizes, max_instances, neighbours, on_ladder, protective_queue
+from tritonkit.tuner.knobs import Knobs, batch_sizes, max_instances, neighbours, on_ladder
+from tritonkit.tuner.protect import (
+    OVERLOAD_FACTORS,
+    OVERLOAD_GOODPUT,
+    Budget,
+    classes_for,
+    measured_overhead_ms,
+    overload_holds,
+    protect,
+    tightened,
+)
 from tritonkit.tuner.trials import Trial, Trials
 
 RATE_STEP = 1.15  # the rate ladder of capacity searches: the resolution of a throughput figure
-FINAL_TRIALS = 3  # the overload check and up to two confirmations
-# Under 1.5x its capacity, a protective queue policy must still serve this share of the capacity
-# within the SLO (the rest rejected fast); Triton 2.51's batcher can collapse instead (README).
-OVERLOAD_GOODPUT = 0.9
+# Kept from the search for the end: the overload checks (one per factor) and two confirmations
+FINAL_TRIALS = len(OVERLOAD_FACTORS) + 2
 MAX_STEPS_DOWN = 5  # a config that fails 2x below its first rate is not worth more trials
 P95_GAIN = 0.10  # a latency-objective neighbour must be this much better (P95 of a 3 s run varies ~5-10%)
 
@@ -75,7 +86,7 @@ class Tuning:
     best: Score
     cost_model: CostModel | None
     bound: int
-    overload: Trial | None = None
+    overload: list[Trial] = field(default_factory=list)  # the checks of the protective policy, in order
     confirmed: bool = False
     stopped_because: str = ""
     policy_note: str = ""  # why the winner has no protective queue policy, when it has none
@@ -83,8 +94,9 @@ class Tuning:
 
 class Search:
     def __init__(self, trials: Trials, objective: Objective, bound: int, max_trials: int,
-                 log: Callable[[str], None]):
+                 log: Callable[[str], None], traits: ServerTraits | None = None):
         self.t, self.obj, self.bound, self.max_trials, self.log = trials, objective, bound, max_trials, log
+        self.traits = traits  # what `tritonkit probe` found the server does with a bounded queue
 
     @property
     def budget_left(self) -> int:
@@ -254,31 +266,51 @@ class Search:
             rate = capacity = best.rate or 0.0
         candidates = [k]
         if k.batching:  # a queue policy is part of dynamic batching: none without a batch axis
-            queue = protective_queue(self.t.spec.model(self.t.model).batching.default_queue_policy, capacity,
-                                     k.delay_us, self.obj.slo_p95_ms, k.max_batch, k.instances)
-            protected = replace(k, queue=queue)
-            self.log(f"== queue policy for the winner: max_queue_size {queue.max_queue_size}, "
-                     f"timeout {queue.default_timeout_us} us, REJECT; overload check at {1.5 * capacity:.0f} req/s")
-            # The check is a gate: a policy is only ever written after it held under overload.
-            if self.final_left > 2:
-                tuning.overload = o = self.t.run(protected, self.t.open_load(1.5 * capacity), "overload")
-                if overload_holds(o, capacity, self.obj.slo_p95_ms):
-                    candidates.insert(0, protected)
-                else:
-                    p95 = "-" if o.p95_ms is None else f"{o.p95_ms:.1f}"
-                    tuning.policy_note = (f"the protective queue policy failed its overload check: "
-                                          f"{o.ok_rps:.0f} req/s served at P95 {p95} ms, against "
-                                          f"{OVERLOAD_GOODPUT:.0%} of {capacity:.0f} req/s within "
-                                          f"{self.obj.slo_p95_ms:g} ms; the winner is written without it")
-            else:
-                tuning.policy_note = "no trial was left for the overload check; the winner is written without " \
-                                     "a protective queue policy"
+            protected = self._protected(tuning, k, cm, capacity)
+            if protected is not None:
+                candidates.insert(0, protected)
             if tuning.policy_note:
                 self.log(f"   {tuning.policy_note}")
         self.log("== confirm")
         confirmed = confirm(self.t, candidates, rate, step_down=not self.obj.rps, limit=self.final_left)
         if confirmed is not None:
             tuning.best, tuning.confirmed = confirmed, True
+
+
+    def _protected(self, tuning: Tuning, k: Knobs, cm: CostModel, capacity: float) -> Knobs | None:
+        """The winner with a protective policy that held at every overload factor, or None (and why)."""
+        b = self.t.spec.model(self.t.model).batching
+        budget = Budget(self.obj.slo_p95_ms, cm.t_ms(k.items), measured_overhead_ms(self.t.trials))
+        candidate, why = protect(k, b, budget, capacity, self.traits)
+        self.log(f"== queue policy for the winner: {why}")
+        if candidate is None:
+            tuning.policy_note = why
+            return None
+        for attempt in (candidate, tightened(candidate)):
+            if self.final_left < len(OVERLOAD_FACTORS) + 1:  # one trial stays for the confirmation
+                break
+            self.log(f"   overload check of {attempt.label()} at "
+                     f"{', '.join(f'{f:g}x' for f in OVERLOAD_FACTORS)} {capacity:.0f} req/s")
+            held = True
+            for factor in OVERLOAD_FACTORS:
+                check = self.t.run(attempt, self.t.open_load(factor * capacity), "overload", classes_for(b))
+                tuning.overload.append(check)
+                held = overload_holds(check, capacity, self.obj.slo_p95_ms)
+                if not held:
+                    break
+            if held:
+                return attempt
+        if not tuning.overload:
+            tuning.policy_note = "no trial was left for the overload check; the winner is written without " \
+                                 "a protective queue policy"
+            return None
+        o = tuning.overload[-1]
+        p95 = "-" if o.p95_ms is None else f"{o.p95_ms:.1f}"
+        tuning.policy_note = (f"the protective queue policy failed its overload check: at {o.rate:.0f} req/s "
+                              f"{o.ok_rps:.0f} req/s served at P95 {p95} ms, against {OVERLOAD_GOODPUT:.0%} of "
+                              f"{capacity:.0f} req/s within {self.obj.slo_p95_ms:g} ms; the winner is written "
+                              f"without it")
+        return None
 
 
 def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: bool, tries: int = 3,
@@ -298,11 +330,6 @@ def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: boo
             rate /= RATE_STEP  # the sustained rate is lower than one lucky run said
         # else: a fixed target rate; one unlucky run on a busy machine is measured again
     return None
-
-
-def overload_holds(t: Trial, capacity: float, slo_p95_ms: float) -> bool:
-    """Did a config keep serving about its capacity within the SLO while more load arrived?"""
-    return t.p95_ms is not None and t.p95_ms <= slo_p95_ms and t.ok_rps >= OVERLOAD_GOODPUT * capacity
 
 
 def predict_p95(cm: CostModel, k: Knobs, rate: float) -> float:

@@ -46,7 +46,7 @@ def log_json(model: str, tuning: Tuning, trials: list[Trial], seconds: float) ->
         "cost_model": tuning.cost_model.to_json() if tuning.cost_model else None,
         "baseline": _score(tuning.baseline), "best": _score(tuning.best), "confirmed": tuning.confirmed,
         "stopped_because": tuning.stopped_because,
-        "overload": tuning.overload.to_json() if tuning.overload else None,
+        "overload": [t.to_json() for t in tuning.overload],
         "policy_note": tuning.policy_note,
         "trials": [t.to_json() for t in trials], "trial_count": len(trials), "seconds": round(seconds, 1),
     }
@@ -79,6 +79,9 @@ def write_tuned(spec: Spec, model: str, k: Knobs) -> Path:
     batching = {"preferred_batch_sizes": k.preferred, "max_queue_delay_us": k.delay_us}
     if k.queue is not None:
         batching["default_queue_policy"] = k.queue.model_dump()
+    if k.level_queues:  # the whole map: the overlay replaces deploy.yaml's, it does not merge into it
+        levels = k.model(spec.model(model)).batching.priority_queue_policies
+        batching["priority_queue_policies"] = {lv: q.model_dump() for lv, q in sorted(levels.items())}
     entry = {"max_batch_size": k.max_batch, "batching": batching, "instances": {"count": k.instances}}
     data["models"][model] = entry if k.batching else {"instances": entry["instances"]}
     header = ("# Written by `tritonkit tune`: these keys override deploy.yaml's for the models named here.\n"
@@ -130,9 +133,8 @@ def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial],
              f"Search stopped: {tuning.stopped_because}. {len(trials)} trials in {log['seconds']:.0f} s.", ""]
     if cm:
         lines += [f"Cost model from calibration: T(B) = {cm.c_fixed_ms:.3f} ms + B × {cm.c_per_ms:.3f} ms.", ""]
-    if tuning.overload:
-        o = tuning.overload
-        lines += [f"Overload check at {o.rate:.0f} req/s with the protective queue: {o.ok_rps:.0f} req/s served, "
+    for o in tuning.overload:
+        lines += [f"Overload check of {o.label} at {o.rate:.0f} req/s: {o.ok_rps:.0f} req/s served, "
                   f"P95 of served requests {o.p95_ms if o.p95_ms is not None else '-'} ms, errors {o.errors}.", ""]
     if tuning.policy_note:
         lines += [f"Queue policy: {tuning.policy_note}.", ""]

@@ -15,6 +15,7 @@ from pathlib import Path
 from tritonkit.build_engines.plan import serving_max_batch
 from tritonkit.configs.generate import generate
 from tritonkit.errors import InputError, Problem
+from tritonkit.loadtests.probe import known
 from tritonkit.spec import Spec
 from tritonkit.tuner import outputs
 from tritonkit.tuner.knobs import from_spec
@@ -61,6 +62,8 @@ def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: P
     objective = objective_for(spec, model, p95_ms, rps, max_error_ratio)
     bound = max_batch_bound(spec, model, max_batch)
     t0 = time.perf_counter()
+    traits = known(state_dir, log)  # what the server does with a bounded queue, probed once per version
+    log(traits.describe())
     with repository_lock(repo):
         generate(spec, repo)
         server = LocalServer(spec, repo, state_dir, model, log)
@@ -70,7 +73,7 @@ def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: P
                         input_data=input_data)
         tuning = None
         try:
-            tuning = Search(trials, objective, bound, max_trials, log).run(from_spec(spec.model(model)))
+            tuning = Search(trials, objective, bound, max_trials, log, traits).run(from_spec(spec.model(model)))
         finally:
             # Whatever happened, the repository holds the pre-tuning config until the winner is chosen.
             generate(spec, repo, models=[model])

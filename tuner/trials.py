@@ -52,6 +52,7 @@ class Trial:
     error_ratio: float = 0.0
     errors: dict = field(default_factory=dict)
     mean_batch: float | None = None
+    overhead_ms: float | None = None  # what the client saw minus Triton's own time per request
     passed: bool = False
     seconds: float = 0.0
     note: str = ""
@@ -123,7 +124,7 @@ class Trials:
 
     # -- measuring ----------------------------------------------------------------------------
 
-    def run(self, k: Knobs, load: Load, phase: str) -> Trial:
+    def run(self, k: Knobs, load: Load, phase: str, classes: list[RequestClass] | None = None) -> Trial:
         t0 = time.perf_counter()
         trial = Trial(len(self.trials) + 1, phase, k.label(), k.to_json(), load.describe(), load.rate)
         refused = self.apply(k)
@@ -132,9 +133,10 @@ class Trials:
         else:
             try:
                 # run_load reads Triton's statistics at the window's edges: the cost model's input too
-                out = asyncio.run(run_load(self.server.r.endpoints.grpc, self.model, load,
+                classes = classes or [RequestClass()]
+                out = asyncio.run(run_load(self.server.r.endpoints.grpc, self.model, load, classes,
                                            input_data=self.input_data))
-                self._fill(trial, build_result(self.model, load, [RequestClass()], out))
+                self._fill(trial, build_result(self.model, load, classes, out))
                 trial.batch_stats = (out.stats_before or {}, out.stats_after or {})
                 self.good = k
                 self.live.keep()
@@ -163,6 +165,8 @@ class Trials:
         t.errors = o["errors"]
         t.error_ratio = round(sum(o["errors"].values()) / o["requests"], 4) if o["requests"] else 1.0
         t.mean_batch = result["server"].get("mean_batch")
+        if result["client_overhead_ms"] is not None:
+            t.overhead_ms = round(result["client_overhead_ms"], 3)
         # On a shared machine the generator's sends lag when the server is busy; only a rate it
         # failed to offer makes the trial meaningless.
         short = t.rate is not None and result["generator"]["achieved_rate"] < 0.9 * t.rate
