@@ -16,27 +16,38 @@ input arrives as Triton's reshape left it and is fed to ONNX Runtime as rank 0.
 
 import json
 import os
+import time
 
 import numpy as np
-import onnxruntime as ort
+import runner_timings as rt  # copied in beside this file (tritonkit/runner_timings.py)
 import triton_python_backend_utils as pb_utils
 from input_rules import PARAMETER, InputRule  # copied in beside this file (tritonkit/input_rules.py)
+from ort_session import open_session  # copied in beside this file (tritonkit/ort_session.py)
 
 
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = int(params.get("intra_op_threads", "1") or 1)
-        options.inter_op_num_threads = 1
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
-        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        self.session = open_session(path, int(params.get("intra_op_threads", "1") or 1))
         self.input_names = [i["name"] for i in config["input"]]
         self.output_names = [o["name"] for o in config["output"]]
         self.batched = config.get("max_batch_size", 0) > 0
         rules = json.loads(params.get(PARAMETER) or "[]")
         self.rules = {r["name"]: InputRule.from_json(r) for r in rules}
+        # None unless `tritonkit bench serving` asks for them (runner_timings.ENV)
+        self.timings = rt.counters(args["model_instance_name"])
+
+    def _run(self, feeds):
+        if self.timings is None:
+            return self.session.run(self.output_names, feeds)
+        t0 = time.perf_counter_ns()
+        try:
+            return self.session.run(self.output_names, feeds)
+        finally:
+            self.timings[rt.ORT_CALLS] += 1
+            self.timings[rt.ORT_NS] += time.perf_counter_ns() - t0
 
     def _read(self, request):
         feeds = {}
@@ -79,13 +90,13 @@ class TritonPythonModel:
             out = []
             for i, feeds in members:
                 try:
-                    out.append((i, self._respond(self.session.run(self.output_names, feeds))))
+                    out.append((i, self._respond(self._run(feeds))))
                 except Exception as e:  # noqa: BLE001 - ORT raises many types; each becomes a Triton error
                     out.append((i, _error(e)))
             return out
         feeds = {n: np.concatenate([f[n] for _, f in members]) for n in self.input_names}
         try:
-            outputs = self.session.run(self.output_names, feeds)
+            outputs = self._run(feeds)
         except Exception:  # noqa: BLE001
             # One bad request must not fail its neighbours: fall back to running each alone.
             return [r for m in members for r in self._run_group([m])]
@@ -94,6 +105,15 @@ class TritonPythonModel:
         return [(i, self._respond([p[k] for p in parts])) for k, (i, _) in enumerate(members)]
 
     def execute(self, requests):
+        t0 = time.perf_counter_ns()
+        responses = self._execute(requests)
+        if self.timings is not None:
+            self.timings[rt.EXECUTES] += 1
+            self.timings[rt.REQUESTS] += len(requests)
+            self.timings[rt.EXECUTE_NS] += time.perf_counter_ns() - t0
+        return responses
+
+    def _execute(self, requests):
         responses = [None] * len(requests)
         groups = {}
         for i, request in enumerate(requests):

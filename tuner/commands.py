@@ -8,8 +8,10 @@ from pathlib import Path
 from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, say, spec_arg
 from tritonkit.configs.loader import load_spec
 from tritonkit.configs.steps import serve_configured
+from tritonkit.errors import raise_flag_problems
 from tritonkit.loadtests.bench import run_bench
 from tritonkit.loadtests.commands import FREE_PORTS, load_args, load_from
+from tritonkit.loadtests.serving_bench import run_serving_bench
 from tritonkit.server import read_state
 from tritonkit.spec import parse_spec
 from tritonkit.tuner.bench import run_tuner_bench
@@ -70,6 +72,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
         model = a.model or spec.models[0].name
         run_tuner_bench(spec, model, a.repo, a.state_dir, a.out, max_trials=a.max_trials, log=say)
         say(f"wrote {a.out / 'bench_tuner.json'}")
+    elif a.what == "serving":
+        raise_flag_problems([("--max-batch", a.max_batch >= 1, "use a max batch of 1 or more"),
+                             ("--threads", a.threads >= 1, "use 1 or more ONNX Runtime threads"),
+                             ("--instances", a.instances >= 1, "use 1 or more instances"),
+                             ("--seconds", a.seconds > 0, "use a window of more than 0 s")])
+        run_serving_bench(a.out / "serving", max_batch=a.max_batch, threads=a.threads, instances=a.instances,
+                          seconds=a.seconds, log=say)
+        say(f"wrote {a.out / 'serving' / 'bench_serving.json'}")
     return 0
 
 
@@ -108,9 +118,10 @@ def register(sub) -> None:
     sp.set_defaults(func=cmd_tune)
 
     sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
-    sp.add_argument("what", choices=["generators", "tuner"],
+    sp.add_argument("what", choices=["generators", "tuner", "serving"],
                     help="generators: Locust HTTP vs asyncio gRPC capacity and distortion; "
-                         "tuner: the tuner against an exhaustive grid over the same knobs")
+                         "tuner: the tuner against an exhaustive grid over the same knobs; "
+                         "serving: raw ONNX Runtime against the same model served by the kit")
     spec_arg(sp)
     sp.add_argument("--model", help="tuner: the model (default: the spec's first)")
     sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
@@ -120,4 +131,7 @@ def register(sub) -> None:
     sp.add_argument("--seconds", type=float, default=5.0, help="steady window of each run")
     sp.add_argument("--users", type=int, default=16, help="closed-loop clients for the capacity runs")
     sp.add_argument("--rate", type=float, default=200.0, help="open-loop rate for the distortion runs")
+    sp.add_argument("--max-batch", type=int, default=16, help="serving: the largest batch (also 1 and 8)")
+    sp.add_argument("--threads", type=int, default=1, help="serving: ONNX Runtime threads, raw and per instance")
+    sp.add_argument("--instances", type=int, default=1, help="serving: instances of the served model")
     sp.set_defaults(func=cmd_bench)
