@@ -11,6 +11,7 @@ from tritonkit.configs.steps import serve_configured
 from tritonkit.errors import raise_flag_problems
 from tritonkit.loadtests.bench import run_bench
 from tritonkit.loadtests.commands import FREE_PORTS, load_args, load_from
+from tritonkit.loadtests.footprint import run_footprint
 from tritonkit.loadtests.serving_bench import run_serving_bench
 from tritonkit.server import read_state
 from tritonkit.spec import parse_spec
@@ -80,6 +81,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
         run_serving_bench(a.out / "serving", max_batch=a.max_batch, threads=a.threads, instances=a.instances,
                           seconds=a.seconds, log=say)
         say(f"wrote {a.out / 'serving' / 'bench_serving.json'}")
+    elif a.what == "footprint":
+        run_footprint(a.out / "footprint", log=say)
+        say(f"wrote {a.out / 'footprint' / 'footprint.json'}")
     return 0
 
 
@@ -118,10 +122,11 @@ def register(sub) -> None:
     sp.set_defaults(func=cmd_tune)
 
     sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
-    sp.add_argument("what", choices=["generators", "tuner", "serving"],
+    sp.add_argument("what", choices=["generators", "tuner", "serving", "footprint"],
                     help="generators: Locust HTTP vs asyncio gRPC capacity and distortion; "
                          "tuner: the tuner against an exhaustive grid over the same knobs; "
-                         "serving: raw ONNX Runtime against the same model served by the kit")
+                         "serving: raw ONNX Runtime against the same model served by the kit; "
+                         "footprint: install size per extra, idle memory of the server and the tuner sidecar")
     spec_arg(sp)
     sp.add_argument("--model", help="tuner: the model (default: the spec's first)")
     sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
