@@ -15,6 +15,9 @@ def session_options(threads: int) -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    # With more than one thread, ORT's workers spin between calls by default: on a box of 1-2 cores
+    # the spinning takes the core that Triton's threads and the clients need (bench serving).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 
 
