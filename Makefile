@@ -7,7 +7,7 @@ REPO   ?= model_repository
 STAMP  := $(VENV)/.installed-stamp
 SAMPLE := models/edge_mlp.onnx
 
-.PHONY: help setup demo test configs serve infer sample-model validate lint clean loadtest sweep loadtest-ui bench tune deploy engines gpu-check
+.PHONY: help setup demo test configs serve infer sample-model validate lint clean loadtest sweep loadtest-ui bench tune deploy engines gpu-check wheelhouse
 
 help:
 	@echo "make demo      the whole loop on this machine (real tritonserver on the CPU)"
@@ -19,12 +19,14 @@ help:
 	@echo "make loadtest  measure MODEL at RATE req/s (exact percentiles, server breakdown) into out/loadtest"
 	@echo "make loadtest-ui  Locust web UI on :8089 against the served model (MODEL=edge_mlp; make serve first)"
 	@echo "make sweep     batch-size sweep of MODEL at RATE req/s: CSV, JSON, plots, report in out/sweep"
-	@echo "make bench     benchmarks as ratios: load generators (Locust vs asyncio), tuner vs grid, into out/bench"
+	@echo "make bench     benchmarks as ratios: serving vs raw ONNX Runtime, footprint, load generators (Locust vs"
+	@echo "              asyncio), overload (spec and tuned config at 0.8x/1.5x/3x), tuner vs grid, into out/bench"
 	@echo "make tune      tune MODEL's config from measured P95 (trials, report, tuned.yaml) into out/tune"
 	@echo "make deploy    build engines (GPU), generate configs, helm upgrade --install into the current kube context"
 	@echo "              (DRY_RUN=1: only render and check the manifests, into out/deploy)"
 	@echo "make engines   prepare, verify and plan each model; TensorRT engines where a GPU is present"
 	@echo "make gpu-check on an NVIDIA machine: build, verify and time the sample model's engine"
+	@echo "make wheelhouse  every wheel the base install needs, into $(WHEELHOUSE)/ (offline installs, the kit image)"
 	@echo "make clean     remove everything generated"
 
 $(STAMP): pyproject.toml setup.py
@@ -71,7 +73,10 @@ sweep: $(STAMP) $(SAMPLE)
 
 # The tuner's bench runs an exhaustive grid as well: about half an hour on 2 cores.
 bench: $(STAMP) $(SAMPLE)
+	$(BIN)/tritonkit bench serving --out out/bench
+	$(BIN)/tritonkit bench footprint --out out/bench
 	$(BIN)/tritonkit bench generators --out out/bench
+	$(BIN)/tritonkit bench overload --spec $(SPEC) --model $(MODEL) --out out/bench
 	$(BIN)/tritonkit bench tuner --spec $(SPEC) --model $(MODEL) --out out/bench
 
 tune: $(STAMP) $(SAMPLE)
@@ -91,8 +96,16 @@ engines: $(STAMP) $(SAMPLE)
 gpu-check: $(STAMP)
 	$(BIN)/python -m tritonkit.build_engines.gpu_check
 
+# The kit's wheel and every wheel its base install needs (no extras), for a box without network:
+# pip install --no-index --find-links $(WHEELHOUSE) triton-edge-kit (README, "Offline install").
+# Wheels are for this machine's Python and architecture; build it where those match the box.
+WHEELHOUSE ?= wheelhouse
+wheelhouse: $(STAMP)
+	$(BIN)/pip wheel --quiet --wheel-dir $(WHEELHOUSE) .
+	@ls $(WHEELHOUSE)/*.whl | wc -l | xargs echo "wheels in $(WHEELHOUSE)/:"
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(REPO)/*/ .tritonkit models out tuned.yaml
+	rm -rf $(REPO)/*/ .tritonkit models out tuned.yaml $(WHEELHOUSE)

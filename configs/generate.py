@@ -27,6 +27,8 @@ from tritonkit.spec import ModelSpec, QueuePolicy, Spec, TensorSpec
 VERSION = "1"  # one served version per model; the repository is regenerated, not versioned by hand
 RUNNER_FILE = "runner_model.py"
 RULES_FILE = "input_rules.py"
+TIMINGS_FILE = "runner_timings.py"
+SESSION_FILE = "ort_session.py"
 
 
 @dataclass(frozen=True)
@@ -193,9 +195,11 @@ def runner_source() -> Path:
     return Path(str(importlib.resources.files("tritonkit.configs") / RUNNER_FILE))
 
 
-def rules_source() -> Path:
-    """The input rule the runner checks requests with, copied beside it (it imports only numpy)."""
-    return Path(str(importlib.resources.files("tritonkit") / RULES_FILE))
+def runner_helpers() -> dict[str, Path]:
+    """The kit's modules the runner imports, copied beside it: the input rule it checks requests
+    with, the ONNX Runtime session it serves with, its optional timing counters (`bench serving`)."""
+    return {name: Path(str(importlib.resources.files("tritonkit") / name))
+            for name in (RULES_FILE, SESSION_FILE, TIMINGS_FILE)}
 
 
 @dataclass
@@ -213,7 +217,7 @@ def write_model(r: ResolvedModel, cfg: mc.ModelConfig, out: Path) -> WriteReport
     changed: list[Path] = []
     if r.runtime in ("python-onnxruntime", "onnxruntime") and copy_file_atomic(r.onnx_path, version / "model.onnx"):
         changed.append(version / "model.onnx")
-    runner = {"model.py": runner_source(), RULES_FILE: rules_source()}
+    runner = {"model.py": runner_source(), **runner_helpers()}
     for name, source in runner.items():
         if r.runtime == "python-onnxruntime":
             if copy_file_atomic(source, version / name):

@@ -8,6 +8,7 @@ kubernetes-validate for the oldest supported Kubernetes and the newest one it kn
 from __future__ import annotations
 
 import importlib.resources
+import importlib.util
 import json
 import os
 import shutil
@@ -31,6 +32,26 @@ SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 class ValuesRejected(KitError):
     """Helm refused the values: the chart's schema or one of its template checks."""
+
+
+class MissingExtra(KitError):
+    """The kit was installed without its `deploy` extra (an edge box needs no Helm): the user fixes
+    it by installing the extra, so it exits 2 like any input the user can fix."""
+
+    exit_code = 2
+
+
+# The packages of the `deploy` extra (pyproject.toml), by the module each one installs.
+DEPLOY_EXTRA = {"helm_python": "helm-python-sdk", "kubernetes_validate": "kubernetes-validate"}
+
+
+def require_deploy_extra() -> None:
+    """Raise MissingExtra, naming the extra and how to install it, when its packages are absent."""
+    missing = [dist for module, dist in DEPLOY_EXTRA.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        raise MissingExtra(f"rendering and installing the chart needs the kit's [deploy] extra ({', '.join(missing)} "
+                           "not installed) (fix: pip install 'triton-edge-kit[deploy]', or from a checkout "
+                           "pip install -e '.[deploy]')")
 
 
 def chart_dir() -> Path:

@@ -106,6 +106,7 @@ def deploy_problems(spec: Spec) -> list[Problem]:
 
 def chart_values(spec: Spec, repo: Path) -> dict:
     """The chart values for this spec. Reads the generated config.pbtxt files from `repo`."""
+    helm_chart.require_deploy_extra()  # before engines and configs are written
     problems = deploy_problems(spec)
     if problems:
         raise InputError(problems)
@@ -177,6 +178,7 @@ def deploy(spec: Spec, repo: Path, *, dry_run: bool = False, out: Path | None = 
            wait: bool = False, timeout_s: int = 600, log: Callable[[str], None] = print) -> DeployResult:
     """`spec` is parsed and checked without its ONNX graphs (configs.loader, check_onnx=False):
     the graphs are checked after the build, against what it prepared."""
+    helm_chart.require_deploy_extra()  # before engines and configs are written
     problems = deploy_problems(spec)
     if problems:
         raise InputError(problems)

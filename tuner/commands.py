@@ -8,10 +8,12 @@ from pathlib import Path
 from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, say, spec_arg
 from tritonkit.configs.loader import load_spec, resolve
 from tritonkit.configs.steps import serve_configured
-from tritonkit.errors import InputError, Problem
+from tritonkit.errors import InputError, Problem, raise_flag_problems
 from tritonkit.loadtests.bench import run_bench
 from tritonkit.loadtests.commands import FREE_PORTS, load_args, load_from
+from tritonkit.loadtests.footprint import run_footprint
 from tritonkit.loadtests.overload import run_overload_bench
+from tritonkit.loadtests.serving_bench import run_serving_bench
 from tritonkit.server import read_state
 from tritonkit.spec import parse_spec
 from tritonkit.tuner.bench import run_tuner_bench
@@ -85,6 +87,17 @@ def cmd_bench(a: argparse.Namespace) -> int:
         run_overload_bench(configs, model.name, a.out / "overload_repo", a.state_dir, a.out,
                            seconds=a.seconds, log=say)
         say(f"wrote {a.out / 'bench_overload.json'}")
+    elif a.what == "serving":
+        raise_flag_problems([("--max-batch", a.max_batch >= 1, "use a max batch of 1 or more"),
+                             ("--threads", a.threads >= 1, "use 1 or more ONNX Runtime threads"),
+                             ("--instances", a.instances >= 1, "use 1 or more instances"),
+                             ("--seconds", a.seconds > 0, "use a window of more than 0 s")])
+        run_serving_bench(a.out / "serving", max_batch=a.max_batch, threads=a.threads, instances=a.instances,
+                          seconds=a.seconds, log=say)
+        say(f"wrote {a.out / 'serving' / 'bench_serving.json'}")
+    elif a.what == "footprint":
+        run_footprint(a.out / "footprint", log=say)
+        say(f"wrote {a.out / 'footprint' / 'footprint.json'}")
     return 0
 
 
@@ -123,10 +136,12 @@ def register(sub) -> None:
     sp.set_defaults(func=cmd_tune)
 
     sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
-    sp.add_argument("what", choices=["generators", "tuner", "overload"],
+    sp.add_argument("what", choices=["generators", "tuner", "overload", "serving", "footprint"],
                     help="generators: Locust HTTP vs asyncio gRPC capacity and distortion; "
                          "tuner: the tuner against an exhaustive grid over the same knobs; "
-                         "overload: the spec's and the tuned config at 0.8x, 1.5x and 3x their capacity")
+                         "overload: the spec's and the tuned config at 0.8x, 1.5x and 3x their capacity; "
+                         "serving: raw ONNX Runtime against the same model served by the kit; "
+                         "footprint: install size per extra, idle memory of the server and the tuner sidecar")
     spec_arg(sp)
     sp.add_argument("--model", help="tuner, overload: the model (default: the spec's first)")
     sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
@@ -136,4 +151,7 @@ def register(sub) -> None:
     sp.add_argument("--seconds", type=float, default=5.0, help="steady window of each run")
     sp.add_argument("--users", type=int, default=16, help="closed-loop clients for the capacity runs")
     sp.add_argument("--rate", type=float, default=200.0, help="open-loop rate for the distortion runs")
+    sp.add_argument("--max-batch", type=int, default=16, help="serving: the largest batch (also 1 and 8)")
+    sp.add_argument("--threads", type=int, default=1, help="serving: ONNX Runtime threads, raw and per instance")
+    sp.add_argument("--instances", type=int, default=1, help="serving: instances of the served model")
     sp.set_defaults(func=cmd_bench)
