@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -156,8 +157,9 @@ def test_infer_without_a_server_says_how_to_start_one(tmp_path):
     assert res.returncode == 2 and "tritonkit serve" in res.stderr
 
 
-def test_demo_finishes_and_batches(tmp_path):
-    """`make demo`'s job on a small copy of the default spec: batches above 1 in Triton's stats."""
+def test_demo_finishes_and_batches(tmp_path, probed):
+    """`make demo`'s job on a small copy of the default spec: batches above 1 in Triton's stats, and
+    a burst the batcher never stalls on (a stall is a request held ~500 ms, README "Overload")."""
     root = Path(__file__).resolve().parent.parent
     spec = (root / "deploy.yaml").read_text()
     (tmp_path / "deploy.yaml").write_text(spec)
@@ -168,4 +170,6 @@ def test_demo_finishes_and_batches(tmp_path):
     hist = [ln for ln in res.stdout.splitlines() if "|" in ln]
     sizes = [int(ln.split("|")[0]) for ln in hist]
     assert sizes and max(sizes) > 1, res.stdout
+    burst_max_ms = float(re.search(r"max ([0-9.]+) ms", res.stdout).group(1))
+    assert burst_max_ms < 300, res.stdout
     assert "P95" in res.stdout and "tritonserver stopped" in res.stdout

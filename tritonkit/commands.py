@@ -76,6 +76,6 @@ def register_demo(sub) -> None:
     sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
     sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
     sp.add_argument("--requests", type=int, default=2000)
-    sp.add_argument("--concurrency", type=int, default=32)
+    sp.add_argument("--concurrency", type=int, default=16)
     sp.add_argument("--out", type=Path, default=Path("out/demo"), help="load test and sweep results")
     sp.set_defaults(func=cmd_demo)

@@ -33,7 +33,7 @@ STEPS = 7
 CLASSES = [RequestClass("interactive", weight=1, priority=1), RequestClass("bulk", weight=3, priority=2)]
 
 
-def run_demo(draft: Spec, repo: Path, state_dir: Path, requests: int = 2000, concurrency: int = 32,
+def run_demo(draft: Spec, repo: Path, state_dir: Path, requests: int = 2000, concurrency: int = 16,
              out: Path = Path("out/demo"), seconds: float = 4.0, tune_trials: int = 14) -> None:
     """`draft` is the command's parsed spec: its ONNX file may not exist yet (step 1 writes the
     sample model), so the rules that read the graph run here, once, after that step."""
