@@ -27,7 +27,7 @@ from tritonkit.configs.generate import generate
 from tritonkit.configs.loader import load_spec
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, Outcome
-from tritonkit.server import find_install
+from tritonkit.server import find_install, read_state
 from tritonkit.server_traits import ServerTraits
 from tritonkit.serving import running
 
@@ -78,7 +78,10 @@ def _served(work: Path, state_dir: Path, url: str | None, log: Callable[[str], N
         with running(spec, repo, state_dir, ports=ports, log=log) as r:
             yield r.endpoints.grpc
         return
-    with Client(url) as c:
+    # A server `tritonkit serve` started from this state folder restricts loading to its own key.
+    local = read_state(state_dir)
+    headers = local.key_headers if local is not None and url == local.grpc else {}
+    with Client(url, key_headers=headers) as c:
         for name in MODELS:
             folder = repo / name
             config = text_format.Parse((folder / "config.pbtxt").read_text(), mc.ModelConfig())

@@ -81,6 +81,8 @@ class Knobs:
 
 
 def _queue_label(q: QueuePolicy) -> str:
+    if not q.max_queue_size and not q.default_timeout_us:
+        return "unbounded"
     size = q.max_queue_size or "-"
     return f"{size}/{q.default_timeout_us / 1000:g}ms"
 
