@@ -18,7 +18,7 @@ from tritonkit.clients import AsyncRouter, RouterPolicy
 from tritonkit.clients.errors import UnavailableError
 from tritonkit.loadtests.load import Load
 from tritonkit.server_traits import ServerTraits
-from tritonkit.spec import Batching, QueuePolicy
+from tritonkit.spec import Batching, ModelSpec, QueuePolicy
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs, batch_sizes, grid
 from tritonkit.tuner.offline import RATE_STEP, Objective, Search, predict_p95
@@ -39,8 +39,9 @@ def two_cores(monkeypatch):
 
 # -- the offline search ------------------------------------------------------------------------
 
-class _ModelSpec:
-    batching = Batching(default_queue_policy=QueuePolicy(max_queue_size=128))
+# the spec's model as the search reads it: a bounded queue of 128
+MODEL_SPEC = ModelSpec(name="m", onnx="m.onnx", max_batch_size=16,
+                       batching=Batching(default_queue_policy=QueuePolicy(max_queue_size=128)))
 
 
 class SimulatedTrials:
@@ -52,7 +53,7 @@ class SimulatedTrials:
     class spec:  # noqa: N801
         @staticmethod
         def model(name: str):
-            return _ModelSpec
+            return MODEL_SPEC
 
     def __init__(self, collapses: bool = False):
         self.trials: list[Trial] = []
@@ -162,6 +163,24 @@ def test_the_protective_policy_is_cut_from_measured_times_per_priority_level():
     # an SLO that compute and overhead already fill leaves no queue to protect
     k, why = protect(Knobs(16, 2000, 1), levels, Budget(10, 9.5, 1), capacity_rps=4000, traits=None)
     assert k is None and "leaves nothing to queue in" in why
+
+
+def test_the_search_never_proposes_a_config_the_probe_found_stalling():
+    """On a server where a bounded queue stalls one instance (the probe), every candidate the search
+    measures, and the winner, has the instances the probe found safe; the spec's own config is
+    still measured as the baseline (it is the user's, not a proposal)."""
+    sim = SimulatedTrials()  # the spec has a bounded queue (128)
+    traits = ServerTraits("2.51.0", stalls=True, safe_instances=2)
+    tuning = Search(sim, Objective(SLO_MS), bound=16, max_trials=30, log=lambda s: None, traits=traits).run(
+        Knobs(16, 8000, 1))
+    proposed = [t for t in sim.trials if t.phase not in ("calibrate", "baseline")]
+    assert proposed and all(t.knobs["instances"] >= 2 for t in proposed), [t.label for t in proposed]
+    assert any(t.phase == "baseline" and t.knobs["instances"] == 1 for t in sim.trials)
+    assert tuning.confirmed and tuning.best.knobs.instances >= 2
+    # where no instance count held, the tuner proposes no bounded queue at all, and says why
+    k, why = protect(Knobs(16, 2000, 2), Batching(), Budget(25, 10, 1), 4000,
+                     ServerTraits("2.51.0", stalls=True, safe_instances=None))
+    assert k is None and "every instance count the probe tried" in why
 
 
 def test_latency_objective_lowers_p95_at_the_target_rate():

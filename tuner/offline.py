@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tritonkit.server_traits import ServerTraits
+from tritonkit.server_traits import ServerTraits, stall_risk
 from tritonkit.spec import QueuePolicy
 from tritonkit.tuner.costmodel import CostModel, batch_points, delay_for, fit, parallelism
 from tritonkit.tuner.knobs import Knobs, batch_sizes, max_instances, neighbours, on_ladder
@@ -107,6 +107,10 @@ class Search:
     @property
     def final_left(self) -> int:
         return self.max_trials - len(self.t.trials)
+
+    def stalls(self, k: Knobs) -> str | None:
+        """Why this candidate would stall the server's batcher (tritonkit probe), or None."""
+        return stall_risk(k.model(self.t.spec.model(self.t.model)), self.traits)
 
     # -- evaluating one candidate ---------------------------------------------------------------
 
@@ -223,8 +227,8 @@ class Search:
         log("== baseline: the spec's own config")
         baseline = self.evaluate(baseline_knobs, "baseline", start_rate=self.predicted_rate(cm, baseline_knobs))
         ranked = self.ranked(cm)
-        start = ranked[0][1]
-        log(f"== start: {start.label()} (predicted {ranked[0][0]:.1f})")
+        predicted, start = next(((v, k) for v, k in ranked if not self.stalls(k)), ranked[0])
+        log(f"== start: {start.label()} (predicted {predicted:.1f})")
         started = self.evaluate(start, "start", start_rate=self.predicted_rate(cm, start))
         incumbent = baseline if self.better(baseline, started) or not started.passed else started
         log("== hill climbing")
@@ -235,6 +239,10 @@ class Search:
             improved = False
             for k in self._ordered(neighbours(incumbent.knobs, self.bound), cm):
                 if k in tried:
+                    continue
+                if self.stalls(k):  # never proposed: the probe found this server stalls on it
+                    tried.add(k)
+                    log(f"    skipped {k.label()}: {self.stalls(k)}")
                     continue
                 if self.budget_left <= 0:
                     stopped = f"trial budget ({self.max_trials}) used"
