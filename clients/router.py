@@ -113,6 +113,7 @@ class Routed:
     endpoint: str  # URL of the endpoint that answered
     attempts: int  # endpoints tried, hedges included
     coalesced: bool = False  # answered by an identical request's inference
+    first: str = ""  # URL of the endpoint chosen first (where a retry or hedge came from)
 
 
 @dataclass
@@ -326,7 +327,7 @@ class AsyncRouter:
                     att = pending.pop(task)
                     error = task.exception()
                     if error is None:
-                        return Routed(task.result(), att.ep.url, len(tried))
+                        return Routed(task.result(), att.ep.url, len(tried), first=tried[0].url)
                     if not isinstance(error, TritonRequestError) or error.kind in NOT_RETRYABLE:
                         raise error
                     last_error = error

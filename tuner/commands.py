@@ -10,8 +10,10 @@ from tritonkit.configs.loader import load_spec
 from tritonkit.configs.steps import serve_configured
 from tritonkit.loadtests.bench import run_bench
 from tritonkit.loadtests.commands import FREE_PORTS, load_args, load_from
+from tritonkit.loadtests.routing_bench import BenchSettings, run_routing_bench
 from tritonkit.server import read_state
 from tritonkit.spec import parse_spec
+from tritonkit.tuner.apply import load_verified
 from tritonkit.tuner.bench import run_tuner_bench
 from tritonkit.tuner.online import OnlineSettings, run_online
 from tritonkit.tuner.run import tune_offline
@@ -70,6 +72,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
         model = a.model or spec.models[0].name
         run_tuner_bench(spec, model, a.repo, a.state_dir, a.out, max_trials=a.max_trials, log=say)
         say(f"wrote {a.out / 'bench_tuner.json'}")
+    elif a.what == "routing":
+        settings = BenchSettings.from_flags(a.runs, a.requests, a.concurrency, a.delay_ms, a.phase_s)
+        # the edge slows down and recovers through the one verified way to change a live config
+        run_routing_bench(a.out, settings, lambda c, model, cfg: load_verified(c, model, cfg, override=True),
+                          log=say)
+        say(f"wrote {a.out / 'bench_routing.json'}")
     return 0
 
 
@@ -108,9 +116,10 @@ def register(sub) -> None:
     sp.set_defaults(func=cmd_tune)
 
     sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
-    sp.add_argument("what", choices=["generators", "tuner"],
+    sp.add_argument("what", choices=["generators", "tuner", "routing"],
                     help="generators: Locust HTTP vs asyncio gRPC capacity and distortion; "
-                         "tuner: the tuner against an exhaustive grid over the same knobs")
+                         "tuner: the tuner against an exhaustive grid over the same knobs; "
+                         "routing: the edge/cloud router over a delayed link (shares, time to switch)")
     spec_arg(sp)
     sp.add_argument("--model", help="tuner: the model (default: the spec's first)")
     sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
@@ -120,4 +129,9 @@ def register(sub) -> None:
     sp.add_argument("--seconds", type=float, default=5.0, help="steady window of each run")
     sp.add_argument("--users", type=int, default=16, help="closed-loop clients for the capacity runs")
     sp.add_argument("--rate", type=float, default=200.0, help="open-loop rate for the distortion runs")
+    sp.add_argument("--runs", type=int, default=3, help="routing: step runs (edge slows down, then recovers)")
+    sp.add_argument("--requests", type=int, default=300, help="routing: requests per fixed case")
+    sp.add_argument("--concurrency", type=int, default=4, help="routing: requests in flight")
+    sp.add_argument("--delay-ms", type=float, default=15.0, help="routing: the cloud link's delay, each way")
+    sp.add_argument("--phase-s", type=float, default=3.0, help="routing: seconds per phase of a step run")
     sp.set_defaults(func=cmd_bench)
