@@ -12,23 +12,28 @@ through an AsyncRouter, a fixed number in flight (closed loop). The cases of iss
 
 The edge slows down for real: its model is reloaded through model control with the longer
 batching wait (`reconfigure`, the wiring passes tuner/apply.py's verified load) and back. A change
-counts from the moment Triton first reports the new config (polled every 5 ms while it reloads; the
-load call itself returns only after the old model is unloaded, a second or more later). The time to
-switch is from then until every later quarter second sends at least 80% of its requests to the
-better endpoint (probes make up the rest).
+counts from the moment Triton logs that the reloaded model serves (the load call can return a
+second later, once the old model is unloaded), and each phase lasts
+`phase_s` from then. The time to switch is from the change until the router settled: every quarter second over the
+next second sent at least 80% of its requests to the better endpoint (probes make up the rest).
+It is looked for before the next reload: a reload's own CPU slows both servers on one machine,
+and the router rightly follows that.
 Figures are measured in this one run and printed, never asserted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import bisect
+import datetime
+import itertools
 import json
+import math
 import os
+import re
 import signal
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +55,10 @@ from tritonkit.stats import percentile
 MODEL = "routed"
 SLOW_DELAY_US = 80_000  # the slow edge's batching wait; a preferred batch of 8 never fills at 4 in flight
 SWITCH_WINDOW_S = 0.25
+SETTLE_S = 1.0  # switched: every quarter second sent mostly to the better endpoint for this long
+# Triton's log line for a model that now serves: I<MMDD> <HH:MM:SS.ffffff> <pid> model_lifecycle.cc:<n>] ...
+LOADED = re.compile(r"^I(\d\d)(\d\d) (\d\d:\d\d:\d\d\.\d+) \d+ model_lifecycle\.cc:\d+\] "
+                    rf"\"?successfully loaded '{MODEL}'", re.MULTILINE)
 SWITCH_SHARE = 0.8
 
 # reconfigure(client, model, config): put `config` in force on a live server and verify it
@@ -109,24 +118,24 @@ def batching_wait(config: mc.ModelConfig, delay_us: int) -> mc.ModelConfig:
     return out
 
 
+# driver(sent, t0): runs beside the senders (`sent` grows as requests are answered; t0 is the
+# run's start on time.monotonic()); the run ends when it returns, and its result is kept
+Driver = Callable[[list, float], Awaitable[dict]]
+
+
 async def closed_loop(router: AsyncRouter, inputs: dict, concurrency: int, *, requests: int | None = None,
-                      seconds: float | None = None, actions: list[tuple[float, Callable[[], object]]] = (),
-                      ) -> tuple[list[Sent], dict[str, tuple[float, float]]]:
-    """`concurrency` senders through the router until `requests` were sent or `seconds` passed.
-    Each action (at, fn) runs fn in a thread once `at` seconds passed (or, with `requests`, once
-    that share of them was sent); returns the sends and, per action name, when it started and took
-    effect (seconds since the start)."""
+                      driver: Driver | None = None) -> tuple[list[Sent], dict]:
+    """`concurrency` senders through the router until `requests` were sent and the driver (if
+    any) returned, or, without `requests`, until the driver returned. The sends, sorted, and what
+    the driver returned."""
     t0 = time.monotonic()
     sent: list[Sent] = []
-    done: dict[str, tuple[float, float]] = {}
-    left = requests if requests is not None else float("inf")
-
-    def more() -> bool:
-        return left > 0 and (seconds is None or time.monotonic() - t0 < seconds)
+    left = requests if requests is not None else math.inf
+    stop = asyncio.Event()
 
     async def sender() -> None:
         nonlocal left
-        while more():
+        while left > 0 and not stop.is_set():
             left -= 1
             at = time.monotonic()
             try:
@@ -135,19 +144,15 @@ async def closed_loop(router: AsyncRouter, inputs: dict, concurrency: int, *, re
             except TritonRequestError:
                 sent.append(Sent(at - t0, None, None, None))
 
-    async def act(at: float, fn) -> None:
-        if requests is not None:
-            while len(sent) < at * requests:
-                await asyncio.sleep(0.001)
-        else:
-            await asyncio.sleep(max(0.0, at - (time.monotonic() - t0)))
-        started = time.monotonic() - t0
-        result = await asyncio.to_thread(fn)
-        # an action may say when it took effect (a time.monotonic()); else when it returned
-        done[fn.__name__] = (started, (result if isinstance(result, float) else time.monotonic()) - t0)
+    async def drive() -> dict:
+        try:
+            return await driver(sent, t0) if driver else {}
+        finally:
+            if requests is None:
+                stop.set()
 
-    await asyncio.gather(*(sender() for _ in range(concurrency)), *(act(at, fn) for at, fn in actions))
-    return sorted(sent, key=lambda s: s.at), done
+    *_, marks = await asyncio.gather(*(sender() for _ in range(concurrency)), drive())
+    return sorted(sent, key=lambda x: x.at), marks
 
 
 def share(sent: list[Sent], url: str, answered_by: bool = False) -> float:
@@ -158,31 +163,33 @@ def share(sent: list[Sent], url: str, answered_by: bool = False) -> float:
 
 
 def switch_time(sent: list[Sent], better: str, start: float, end: float) -> float | None:
-    """Seconds from `start` until every later SWITCH_WINDOW_S window (up to `end`) sent at least
-    SWITCH_SHARE of its requests to `better`; None if that never held."""
+    """Seconds from `start` until the router settled on `better`: the first request from which
+    every SWITCH_WINDOW_S window starting within SETTLE_S sent at least SWITCH_SHARE of its
+    requests there (probes make up the rest). None if that never happened before `end`."""
     span = [s for s in sent if start <= s.at < end]
-    last_bad = None
-    for i, s in enumerate(span):
-        if s.at + SWITCH_WINDOW_S > end:
-            break
-        window = [w for w in span[i:] if w.at < s.at + SWITCH_WINDOW_S]
-        if sum(w.first == better for w in window) < SWITCH_SHARE * len(window):
-            last_bad = i
-    if last_bad is None:
-        return 0.0
-    if last_bad + 1 >= len(span) or span[last_bad + 1].at + SWITCH_WINDOW_S > end:
-        return None
-    return round(span[last_bad + 1].at - start, 3)
+    at = [s.at for s in span]
+    hits = list(itertools.accumulate((s.first == better for s in span), initial=0))
+    bad = [0]  # running count of windows, by their first request, short of the share
+    for i, t in enumerate(at):
+        j = bisect.bisect_left(at, t + SWITCH_WINDOW_S)
+        short = t + SWITCH_WINDOW_S > end or hits[j] - hits[i] < SWITCH_SHARE * (j - i)
+        bad.append(bad[-1] + short)
+    for i, t in enumerate(at):
+        if t + SETTLE_S + SWITCH_WINDOW_S > end:
+            return None
+        j = bisect.bisect_left(at, t + SETTLE_S)
+        if bad[j] == bad[i]:
+            return round(t - start, 3)
+    return None
 
 
-def step_figures(sent: list[Sent], edge: str, cloud: str, actions: dict[str, tuple[float, float]],
-                 total: float) -> dict:
-    """One step run: when each change took effect, the time to switch after it, shares per second."""
-    slow_at, recovered_at = actions["slow_down"][1], actions["recover"][1]  # when Triton served each config
-    return {"slow_at_s": round(slow_at, 3), "recovered_at_s": round(recovered_at, 3),
-            "reloads_s": {k: [round(v, 3) for v in span] for k, span in actions.items()},
-            "move_off_s": switch_time(sent, cloud, slow_at, recovered_at),
-            "move_back_s": switch_time(sent, edge, recovered_at, total),
+def step_figures(sent: list[Sent], edge: str, cloud: str, marks: dict[str, float], total: float) -> dict:
+    """One step run: the time to switch after each change, within its clean window (from when the
+    change took effect until the next reload began: a reload's own CPU slows both servers on one
+    machine, which the router rightly reacts to), and the share per second."""
+    return {"marks_s": {k: round(v, 3) for k, v in marks.items()},
+            "move_off_s": switch_time(sent, cloud, marks["slow"], marks["recover_started"]),
+            "move_back_s": switch_time(sent, edge, marks["recovered"], total),
             "requests": len(sent), "answered": sum(1 for t in sent if t.endpoint),
             "edge_share_per_s": shares_per_second(sent, edge, total)}
 
@@ -205,7 +212,7 @@ def run_routing_bench(out_dir: Path, settings: BenchSettings, reconfigure: Recon
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     s = settings
-    onnx = sample_model.write(out_dir / "routing_mlp.onnx", width=1024, layers=4)
+    onnx = sample_model.write(out_dir / "routing_mlp.onnx", width=1024, layers=4).resolve()
     with _served(out_dir / "edge", onnx, log) as edge, _served(out_dir / "cloud", onnx, log) as cloud, \
             DelayLink(cloud.endpoints.grpc, s.delay_ms) as link:
         log(f"edge {edge.endpoints.grpc}; cloud {cloud.endpoints.grpc} behind a link of {s.delay_ms:g} ms "
@@ -226,90 +233,96 @@ async def _cases(edge: Running, cloud_url: str, s: BenchSettings, reconfigure: R
         healthy_cfg = control.config(MODEL)
     slow_cfg = batching_wait(healthy_cfg, SLOW_DELAY_US)
 
-    def slow_down() -> float:
-        return _reconfigure_seen(edge, reconfigure, slow_cfg)
-
-    def recover() -> float:
-        return _reconfigure_seen(edge, reconfigure, healthy_cfg)
+    async def put(config: mc.ModelConfig, t0: float) -> float:
+        """Reload the edge with `config`; when Triton served it, in seconds since t0."""
+        return await asyncio.to_thread(_reconfigure_seen, edge, reconfigure, config) - t0
 
     meta = await _meta(urls)
     x = meta.random_inputs(1, np.random.default_rng(0))
     cases: dict = {}
 
-    async def fixed(name: str, requests: int, actions=()) -> list[Sent]:
+    async def fixed(name: str, requests: int, driver: Driver | None = None) -> list[Sent]:
         async with AsyncRouter(urls, RouterPolicy(), seed=0) as router:
-            sent, _ = await closed_loop(router, x, s.concurrency, requests=requests, actions=actions)
+            sent, _ = await closed_loop(router, x, s.concurrency, requests=requests, driver=driver)
         cases[name] = {"requests": len(sent), "answered": sum(1 for t in sent if t.endpoint),
                        "edge_share": share(sent, e_url), "edge_answered_share": share(sent, e_url, True),
-                       "edge_p50_ms": _p50(sent, e_url),
-                       "cloud_p50_ms": _p50(sent, cloud_url)}
+                       "edge_p50_ms": _p50(sent, e_url), "cloud_p50_ms": _p50(sent, cloud_url)}
         log(f"== {name}: {cases[name]}")
         return sent
 
     log(f"== healthy edge: {s.requests} requests, {s.concurrency} in flight")
     await fixed("healthy", s.requests)
     log("== slow edge: reloaded with an 80 ms batching wait")
-    await asyncio.to_thread(slow_down)
+    await put(slow_cfg, 0.0)
     try:
         await fixed("slow", s.requests)
     finally:
-        await asyncio.to_thread(recover)
+        await put(healthy_cfg, 0.0)
+
+    async def step(sent: list, t0: float) -> dict:
+        """Healthy, slow, healthy again: each phase counted from when Triton served its config."""
+        marks: dict[str, float] = {}
+        await asyncio.sleep(s.phase_s)
+        marks["slow_started"] = time.monotonic() - t0
+        marks["slow"] = await put(slow_cfg, t0)
+        try:
+            await asyncio.sleep(max(0.0, marks["slow"] + s.phase_s - (time.monotonic() - t0)))
+        finally:
+            marks["recover_started"] = time.monotonic() - t0
+            marks["recovered"] = await put(healthy_cfg, t0)  # the edge's own config again, whatever failed
+        await asyncio.sleep(max(0.0, marks["recovered"] + s.phase_s - (time.monotonic() - t0)))
+        marks["end"] = time.monotonic() - t0
+        return marks
 
     steps = []
     for run in range(s.runs):
-        log(f"== step run {run + 1}/{s.runs}: healthy {s.phase_s:g} s, slow {s.phase_s:g} s, healthy {s.phase_s:g} s")
-        total = 3 * s.phase_s
+        log(f"== step run {run + 1}/{s.runs}: healthy, slow, healthy again, {s.phase_s:g} s each")
         async with AsyncRouter(urls, RouterPolicy(), seed=run) as router:
-            try:
-                sent, at = await closed_loop(router, x, s.concurrency, seconds=total,
-                                             actions=[(s.phase_s, slow_down), (2 * s.phase_s, recover)])
-            except BaseException:
-                await asyncio.to_thread(recover)  # the edge's own config again, whatever failed
-                raise
+            sent, marks = await closed_loop(router, x, s.concurrency, driver=step)
             counters = router.counters()
-        steps.append(step_figures(sent, e_url, cloud_url, at, total) | {"router": counters})
+        steps.append(step_figures(sent, e_url, cloud_url, marks, marks["end"]) | {"router": counters})
         _write_sends(out_dir / f"step_run{run + 1}.csv", sent, {e_url: "edge", cloud_url: "cloud"})
         log(f"   moved off in {steps[-1]['move_off_s']} s, back in {steps[-1]['move_back_s']} s; "
             f"edge share per second {steps[-1]['edge_share_per_s']}")
     cases["step"] = steps
 
-    log(f"== edge killed mid-run: {2 * s.requests} requests, the edge SIGKILLed after a third of them")
-    kill_at = 1 / 3
+    n = 2 * s.requests
+    log(f"== edge killed mid-run: {n} requests, the edge SIGKILLed after a third of them")
 
-    def kill() -> None:
+    async def kill(sent: list, t0: float) -> dict:
+        while len(sent) < n / 3:
+            await asyncio.sleep(0.001)
         os.kill(edge.server.proc.pid, signal.SIGKILL)  # the edge this bench started, by its own pid
+        return {"killed_after": len(sent)}
 
-    await fixed("killed", 2 * s.requests, actions=[(kill_at, kill)])
+    await fixed("killed", n, kill)
     return {"schema": SCHEMA, "kind": "bench/routing", "cases": cases}
 
 
-def _reconfigure_seen(server: Running, reconfigure: Reconfigure, config: mc.ModelConfig,
-                      poll_s: float = 0.005) -> float:
-    """Put `config` in force and return when Triton first reported it (time.monotonic()): Triton
-    serves the reloaded model from then on, while the load call returns only after the old one is
-    unloaded, a second or more later on a busy machine."""
-    want = config.dynamic_batching.max_queue_delay_microseconds
-    seen: list[float] = []
-    stop = threading.Event()
+def _reconfigure_seen(server: Running, reconfigure: Reconfigure, config: mc.ModelConfig) -> float:
+    """Put `config` in force; when Triton started serving it, on time.monotonic(). That is the time
+    Triton logs "successfully loaded" for the model (the new model serves from then; the load call
+    can return a second later, once the old one is unloaded); failing that, when the call returned."""
+    log = server.server.log_path
+    offset = log.stat().st_size
+    with server.client() as c:
+        reconfigure(c, MODEL, config)
+    returned = time.monotonic()
+    for _ in range(50):  # the line may reach the file a moment after the call returned
+        with open(log, "rb") as f:
+            f.seek(offset)
+            found = LOADED.findall(f.read().decode(errors="replace"))
+        if found:
+            return _log_time(found[-1]) - (time.time() - time.monotonic())
+        time.sleep(0.01)
+    return returned
 
-    def watch() -> None:
-        with server.client() as c:
-            while not stop.is_set():
-                with contextlib.suppress(TritonRequestError):
-                    if c.config(MODEL).dynamic_batching.max_queue_delay_microseconds == want:
-                        seen.append(time.monotonic())
-                        return
-                stop.wait(poll_s)
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        with server.client() as c:
-            reconfigure(c, MODEL, config)
-    finally:
-        stop.set()
-        watcher.join()
-    return seen[0] if seen else time.monotonic()
+def _log_time(stamp: tuple[str, ...]) -> float:
+    """Triton's log time (month, day, HH:MM:SS.ffffff, in local time) as a time.time() value."""
+    month, day, clock = stamp
+    moment = datetime.datetime.strptime(f"{datetime.date.today().year}-{month}-{day} {clock}", "%Y-%m-%d %H:%M:%S.%f")
+    return moment.timestamp()
 
 
 def _write_sends(path: Path, sent: list[Sent], roles: dict[str, str]) -> None:

@@ -367,12 +367,16 @@ def test_router_moves_off_a_slowed_edge_and_back_within_a_second_on_a_fake_clock
     assert share(healthy, "edge:1") >= 0.95 and share(slow, "edge:1") <= 0.2
 
 
-def test_switch_time_is_when_every_later_quarter_second_goes_to_the_better_endpoint():
-    sends = [Sent(t / 100, "a" if t < 150 or t % 10 == 0 else "b", "a", 1.0) for t in range(100, 300)]
+def test_switch_time_is_when_a_second_of_quarter_seconds_went_mostly_to_the_better_endpoint():
+    sends = [Sent(t / 100, "a" if t < 150 or t % 10 == 0 else "b", "a", 1.0) for t in range(100, 400)]
     # from 1.5 s on only every 10th request (10%) goes to a: b took over 0.5 s after the change at 1.0
-    assert switch_time(sends, "b", 1.0, 3.0) == pytest.approx(0.5, abs=0.03)
-    assert switch_time(sends, "a", 1.0, 3.0) is None  # a never got its 80% back
-    assert switch_time(sends, "a", 1.0, 1.5) == 0.0
+    assert switch_time(sends, "b", 1.0, 4.0) == pytest.approx(0.5, abs=0.03)
+    assert switch_time(sends, "a", 1.0, 4.0) is None  # a never got its 80% back
+    assert switch_time(sends, "a", 1.0, 1.5) is None  # a had it, but not for a whole second
+    assert switch_time([Sent(t / 100, "a", "a", 1.0) for t in range(200)], "a", 0.0, 2.0) == 0.0
+    # a stall later on (0.2 s all to a) does not undo a switch that had settled
+    stalled = [Sent(x.at, "a", "a", 1.0) if 3.0 <= x.at < 3.2 else x for x in sends]
+    assert switch_time(stalled, "b", 1.0, 4.0) == switch_time(sends, "b", 1.0, 4.0)
 
 
 def test_router_breaker_takes_a_failing_endpoint_out_and_no_request_is_lost():
