@@ -19,7 +19,7 @@ help:
 	@echo "make loadtest  measure MODEL at RATE req/s (exact percentiles, server breakdown) into out/loadtest"
 	@echo "make loadtest-ui  Locust web UI on :8089 against the served model (MODEL=edge_mlp; make serve first)"
 	@echo "make sweep     batch-size sweep of MODEL at RATE req/s: CSV, JSON, plots, report in out/sweep"
-	@echo "make bench     benchmarks as ratios: load generators (Locust vs asyncio), tuner vs grid, into out/bench"
+	@echo "make bench     benchmarks: load generators (Locust vs asyncio), tuner vs grid, edge/cloud routing, into out/bench"
 	@echo "make tune      tune MODEL's config from measured P95 (trials, report, tuned.yaml) into out/tune"
 	@echo "make deploy    build engines (GPU), generate configs, helm upgrade --install into the current kube context"
 	@echo "              (DRY_RUN=1: only render and check the manifests, into out/deploy)"
@@ -73,6 +73,7 @@ sweep: $(STAMP) $(SAMPLE)
 bench: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit bench generators --out out/bench
 	$(BIN)/tritonkit bench tuner --spec $(SPEC) --model $(MODEL) --out out/bench
+	$(BIN)/tritonkit bench routing --out out/bench
 
 tune: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit tune --spec $(SPEC) --repo $(REPO) --model $(MODEL) --out out/tune
