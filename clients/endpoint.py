@@ -53,10 +53,6 @@ class LatencyWindow:
     def __len__(self) -> int:
         return len(self._samples)
 
-    def newest(self) -> float:
-        """When the latest sample came in (-inf: never)."""
-        return self._samples[-1][0] if self._samples else -math.inf
-
     def estimate(self) -> float | None:
         now = self._clock()
         if self._cached is not None and now - self._cached[0] < CACHE_S:
