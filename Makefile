@@ -20,7 +20,8 @@ help:
 	@echo "make loadtest-ui  Locust web UI on :8089 against the served model (MODEL=edge_mlp; make serve first)"
 	@echo "make sweep     batch-size sweep of MODEL at RATE req/s: CSV, JSON, plots, report in out/sweep"
 	@echo "make bench     benchmarks as ratios: serving vs raw ONNX Runtime, footprint, load generators (Locust vs"
-	@echo "              asyncio), overload (spec and tuned config at 0.8x/1.5x/3x), tuner vs grid, into out/bench"
+	@echo "              asyncio), overload (spec and tuned config at 0.8x/1.5x/3x), tuner vs grid, edge/cloud"
+	@echo "              routing, into out/bench"
 	@echo "make tune      tune MODEL's config from measured P95 (trials, report, tuned.yaml) into out/tune"
 	@echo "make deploy    build engines (GPU), generate configs, helm upgrade --install into the current kube context"
 	@echo "              (DRY_RUN=1: only render and check the manifests, into out/deploy)"
@@ -78,6 +79,7 @@ bench: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit bench generators --out out/bench
 	$(BIN)/tritonkit bench overload --spec $(SPEC) --model $(MODEL) --out out/bench
 	$(BIN)/tritonkit bench tuner --spec $(SPEC) --model $(MODEL) --out out/bench
+	$(BIN)/tritonkit bench routing --out out/bench
 
 tune: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit tune --spec $(SPEC) --repo $(REPO) --model $(MODEL) --out out/tune

@@ -112,7 +112,13 @@ class _Base:
         return inputs, outs
 
     @staticmethod
-    def _read(result, names: list[str]) -> dict[str, np.ndarray]:
+    def _read(result, names: list[str] | None) -> dict[str, np.ndarray]:
+        """The outputs asked for, or all that Triton sent: their names come with the response, so a
+        request is one round trip (no metadata call first, which a far endpoint pays in full)."""
+        if not names:
+            response = result.get_response()
+            outs = response["outputs"] if isinstance(response, dict) else response.outputs
+            names = [o["name"] if isinstance(o, dict) else o.name for o in outs]
         return {n: result.as_numpy(n) for n in names}
 
     def _infer_kwargs(self, priority: int, timeout_us: int | None, request_id: str) -> dict:
@@ -163,11 +169,10 @@ class Client(_Base):
     def infer(self, model: str, arrays: dict[str, np.ndarray], *, priority: int = 0,
               timeout_us: int | None = None, outputs: list[str] | None = None,
               request_id: str = "") -> dict[str, np.ndarray]:
-        names = outputs or [t.name for t in self.metadata(model).outputs]
         inputs, outs = self._build(arrays, outputs)
         result = self._call(self._c.infer, model, inputs, outputs=outs,
                             **self._infer_kwargs(priority, timeout_us, request_id))
-        return self._read(result, names)
+        return self._read(result, outputs)
 
     def statistics(self, model: str) -> dict:
         stats = _as_dict(self._call(self._c.get_inference_statistics, model))
@@ -233,11 +238,10 @@ class AsyncClient(_Base):
     async def infer(self, model: str, arrays: dict[str, np.ndarray], *, priority: int = 0,
                     timeout_us: int | None = None, outputs: list[str] | None = None,
                     request_id: str = "") -> dict[str, np.ndarray]:
-        names = outputs or [t.name for t in (await self.metadata(model)).outputs]
         inputs, outs = self._build(arrays, outputs)
         result = await self._call(self._c.infer, model, inputs, outputs=outs,
                                   **self._infer_kwargs(priority, timeout_us, request_id))
-        return self._read(result, names)
+        return self._read(result, outputs)
 
     async def statistics(self, model: str) -> dict:
         return _as_dict(await self._call(self._c.get_inference_statistics, model))["model_stats"][0]

@@ -12,8 +12,10 @@ which is ARCHITECTURE.md's `min(L_edge, L_remote + L_net)`. Each request has one
                 within a budget of extra requests)
 
 A circuit breaker per endpoint takes out one that keeps failing (requests or pings) and lets a
-single probe back in after a cool-down. A small share of requests explores a non-best endpoint so
-that one which recovered is measured again. Priority and Triton's queue timeout pass through.
+single probe back in after a cool-down. A non-best endpoint is probed with a request now and then,
+so that one which recovered is measured again: the more often, the nearer the chosen endpoint's
+expected latency comes to its last known one (`_probe_interval`). Priority and Triton's queue
+timeout pass through.
 With `coalesce=True`, identical requests in flight share one inference (coalesce.py).
 
 `AsyncRouter` is the asyncio implementation; `Router` runs one on a background event loop for
@@ -64,13 +66,14 @@ class RouterPolicy:
     attempt_timeout_floor_s: float = 0.05
     hedge_budget: float = 0.0  # at most this share of extra (hedged) requests; 0 = no hedging
     hedge_after_s: float | None = None  # None: once the attempt is slower than its endpoint's expected latency
-    explore: float = 0.05  # share of requests sent to a non-best endpoint, to keep measuring it ...
-    explore_interval_s: float = 0.2  # ... but not to one measured this recently: a few per second at most
+    explore: float = 0.1  # at most this share of requests probe a non-best endpoint, to keep measuring it ...
+    explore_interval_s: float = 0.1  # ... each endpoint at most this often, scaled by how far behind it is ...
+    explore_max_interval_s: float = 2.0  # ... and at least this often
     breaker_failures: int = 5  # consecutive failures that open the breaker
     breaker_cooldown_s: float = 2.0
     ping_interval_s: float = 0.5
     ping_timeout_s: float = 1.0
-    window_s: float = 5.0  # how recent the service-time samples behind the P95 are
+    window_s: float = 0.5  # how recent the service-time samples behind a P95 are (endpoint.py)
 
     @classmethod
     def from_flags(cls, deadline_ms: float, hedge: float, duplicates: float | None = None) -> RouterPolicy:
@@ -94,8 +97,10 @@ class RouterPolicy:
             ("attempt_timeout_floor_s", self.attempt_timeout_floor_s >= 0, "seconds >= 0"),
             ("hedge_budget", 0 <= self.hedge_budget <= 1, "a share within 0..1, e.g. 0.05 for 5% extra requests"),
             ("hedge_after_s", self.hedge_after_s is None or self.hedge_after_s >= 0, "seconds >= 0, or unset"),
-            ("explore", 0 <= self.explore < 1, "a share within 0..1, e.g. 0.05"),
+            ("explore", 0 <= self.explore < 1, "a share within 0..1, e.g. 0.1"),
             ("explore_interval_s", self.explore_interval_s >= 0, "seconds >= 0"),
+            ("explore_max_interval_s", self.explore_max_interval_s >= self.explore_interval_s,
+             "seconds >= explore_interval_s"),
             ("breaker_failures", self.breaker_failures >= 1, "at least 1"),
             ("breaker_cooldown_s", self.breaker_cooldown_s >= 0, "seconds >= 0"),
             ("ping_interval_s", self.ping_interval_s > 0, "seconds > 0"),
@@ -113,6 +118,7 @@ class Routed:
     endpoint: str  # URL of the endpoint that answered
     attempts: int  # endpoints tried, hedges included
     coalesced: bool = False  # answered by an identical request's inference
+    first: str = ""  # URL of the endpoint chosen first (where a retry or hedge came from)
 
 
 @dataclass
@@ -160,7 +166,7 @@ class AsyncRouter:
         self._flight = SingleFlight() if coalesce else None
         self._rng = random.Random(seed)
         self._pinger: asyncio.Task | None = None
-        self.requests = self.ok = self.routed = self.retries = self.hedges = 0
+        self.requests = self.ok = self.routed = self.retries = self.hedges = self.probes = 0
         self.errors: dict[str, int] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -251,16 +257,28 @@ class AsyncRouter:
         if not candidates:
             return None
         best = min(candidates, key=lambda ep: (ep.score(), ep.index))
-        if len(candidates) > 1 and self._rng.random() < self.policy.explore:
-            # under heavy load a flat 5% would be a lot of traffic to a slow remote; a fresh
-            # sample every explore_interval_s is all the estimate needs
-            since = self._clock() - self.policy.explore_interval_s
-            stale = [ep for ep in candidates if ep is not best and ep.window.newest() <= since]
-            if stale:
-                best = self._rng.choice(stale)
+        now = self._clock()
+        # a first attempt may probe an endpoint not sent to for its probe interval (retries never do)
+        if not exclude and len(candidates) > 1 and self.probes < self.policy.explore * self.routed:
+            due = [ep for ep in candidates if ep is not best and now - ep.last_sent >= self._probe_interval(best, ep)]
+            if due:
+                best = self._rng.choice(due)
                 best.explored += 1
+                self.probes += 1
+        best.last_sent = now
         best.breaker.acquire()
         return best
+
+    def _probe_interval(self, chosen: Endpoint, other: Endpoint) -> float:
+        """How long `other` may go without a request: explore_interval_s x L_other / L_chosen, within
+        explore_max_interval_s. Probing grows as the chosen endpoint's expected latency comes up to
+        the other's last known one, which is when the other may well be the better one now (an edge
+        that recovered, a remote measured once at a bad moment); one known to be many times slower
+        costs a lot per probe and is unlikely to win, so it is probed rarely."""
+        p = self.policy
+        chosen_s, other_s = chosen.score(), other.score()
+        behind = other_s / chosen_s if chosen_s > 0 else math.inf
+        return min(p.explore_max_interval_s, p.explore_interval_s * max(1.0, behind))
 
     def _attempt_timeout(self, ep: Endpoint) -> float:
         p = self.policy
@@ -326,7 +344,7 @@ class AsyncRouter:
                     att = pending.pop(task)
                     error = task.exception()
                     if error is None:
-                        return Routed(task.result(), att.ep.url, len(tried))
+                        return Routed(task.result(), att.ep.url, len(tried), first=tried[0].url)
                     if not isinstance(error, TritonRequestError) or error.kind in NOT_RETRYABLE:
                         raise error
                     last_error = error
@@ -380,7 +398,7 @@ class AsyncRouter:
 
     def counters(self) -> dict:
         return {"requests": self.requests, "ok": self.ok, "errors": dict(self.errors), "routed": self.routed,
-                "retries": self.retries, "hedges": self.hedges,
+                "retries": self.retries, "hedges": self.hedges, "probes": self.probes,
                 "coalesce": self._flight.counters() if self._flight else None,
                 "endpoints": {ep.url: ep.counters() for ep in self.endpoints}}
 

@@ -35,7 +35,7 @@ ENGINES = ("locust", "asyncio")
 
 def bench_spec(folder: Path) -> Path:
     """A cheap model (so the server is rarely the limit), one copy per engine, on free ports."""
-    onnx = sample_model.write(folder / "bench_mlp.onnx", width=128, layers=2)
+    onnx = sample_model.write(folder / "bench_mlp.onnx", width=128, layers=2).resolve()
     models = [{"name": f"bench_{e}", "onnx": str(onnx), "max_batch_size": 16,
                "batching": {"max_queue_delay_us": 500}} for e in ENGINES]
     path = folder / "deploy.yaml"

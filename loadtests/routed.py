@@ -134,7 +134,7 @@ def router_section(before: dict, after: dict, samples: list[Sample], *, coalesce
             **{k: c1[k] - c0[k] for k in ("sent", "ok", "failed", "retried_to", "hedged", "explored", "cancelled",
                                            "breaker_trips")},
             "errors": {k: v - c0["errors"].get(k, 0) for k, v in c1["errors"].items() if v - c0["errors"].get(k, 0)},
-            "breaker": c1["breaker"], "rtt_ms": c1["rtt_ms"], "service_p95_ms": c1["service_p95_ms"],
+            "breaker": c1["breaker"], "rtt_ms": c1["rtt_ms"], "service_ms": c1["service_ms"],
             # Triton's own counts; None where the endpoint did not answer a statistics call
             "triton_inferences": _delta(t0, t1, lambda s: int(s.get("inference_count", 0))),
             "cache_hits": _delta(t0, t1, lambda s: int(s.get("inference_stats", {}).get("cache_hit", {})

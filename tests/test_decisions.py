@@ -6,8 +6,10 @@ are carried out; these check that they are the right ones."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import math
 import os
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -15,8 +17,10 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonkit.clients import AsyncRouter, RouterPolicy
+from tritonkit.clients.endpoint import LatencyWindow
 from tritonkit.clients.errors import UnavailableError
 from tritonkit.loadtests.load import Load
+from tritonkit.loadtests.routing_bench import Sent, share, switch_time
 from tritonkit.server_traits import ServerTraits
 from tritonkit.spec import Batching, ModelSpec, QueuePolicy
 from tritonkit.tuner.costmodel import CostModel
@@ -318,14 +322,102 @@ def test_router_chooses_min_of_edge_and_cloud_plus_network(edge_ms, chosen):
     assert {router._choose([]).url for _ in range(50)} == {chosen}
 
 
-def test_router_explores_only_endpoints_not_measured_recently():
+def test_router_probes_more_often_the_nearer_the_chosen_endpoint_comes_to_the_other():
+    """The other endpoint is probed once per 0.1 s x L_other / L_chosen, within 10% of requests: a
+    cloud 4x slower than a healthy edge every 0.4 s; an edge last seen at 85 ms while the cloud
+    answers in 40 ms every ~0.2 s; an edge as fast as the cloud every 0.1 s."""
+    def probes(edge_ms: float, per_s: int = 300, seconds: float = 2.0, explore: float = 0.1) -> int:
+        clock = Clock()
+        router = _router(["edge:1", "cloud:1"], RouterPolicy(explore=explore, explore_interval_s=0.1), clock)
+        _measured(router, {"edge:1": edge_ms, "cloud:1": 10.0}, {"edge:1": 0.5, "cloud:1": 30.0})
+        best = router._choose([]).url
+        picks = []
+        for _ in range(int(seconds * per_s)):
+            clock.t += 1 / per_s
+            router.routed += 1
+            picks.append(router._choose([]).url)
+        return sum(p != best for p in picks)
+
+    assert probes(9.5) == 5  # 10 vs 40 ms
+    assert 9 <= probes(85.0) <= 10  # 85.5 vs 40 ms
+    assert probes(39.0) == 20  # 39.5 vs 40 ms
+    assert probes(39.0, per_s=50) == 10  # ... but at most 10% of the requests
+    assert probes(39.0, explore=0.0) == 0
+
+
+def test_small_sample_estimate_is_a_median_so_one_set_up_sample_does_not_decide():
+    """Over 3 samples a P95 is their maximum: one slow first request (a connection set up through
+    the link) would make a 40 ms cloud look like 130 ms. Fewer than 20 recent samples: the median of
+    the newest 3; from 20 on, the P95 of the last half second."""
     clock = Clock()
-    router = _router(["edge:1", "cloud:1"], RouterPolicy(explore=0.5, explore_interval_s=0.2), clock)
-    _measured(router, {"edge:1": 10.0, "cloud:1": 10.0}, {"edge:1": 0.2, "cloud:1": 30.0})
-    assert {router._choose([]).url for _ in range(50)} == {"edge:1"}  # cloud was just measured
-    clock.t += 1.0
-    picks = [router._choose([]).url for _ in range(200)]
-    assert 0.3 < picks.count("cloud:1") / len(picks) < 0.7  # stale now: explored at the set share
+    w = LatencyWindow(horizon_s=0.5, clock=clock)
+    for ms in (100.0, 10.0, 11.0):
+        w.add(ms / 1e3)
+    assert w.estimate() == pytest.approx(0.011)
+    clock.t += 10.0  # no traffic for a long time: the last known estimate stands
+    assert w.estimate() == pytest.approx(0.011)
+    for i in range(40):  # a busy endpoint: 10% of its requests at 50 ms show in its P95
+        w.add(0.050 if i % 10 == 0 else 0.010)
+    assert w.estimate() > 0.030
+    clock.t += 0.6  # half a second later those samples are out of the P95, and two new ones rule
+    w.add(0.080), w.add(0.080)
+    assert w.estimate() == pytest.approx(0.080)
+
+
+def _simulate(edge_service_ms: Callable[[float], float], seconds: float, concurrency: int = 4) -> list[Sent]:
+    """The router's decisions over a fake clock: `concurrency` requests in flight, each answered
+    after its endpoint's service time plus round trip (edge 0.5 ms away, cloud 30 ms away with
+    10 ms of service). Pings, estimates and probes run as in the router; only time is simulated."""
+    rtt_ms = {"edge:1": 0.5, "cloud:1": 30.0}
+    clock = Clock()
+    start = clock.t
+    router = _router(list(rtt_ms), RouterPolicy(), clock)
+    for ep in router.endpoints:
+        ep.observe_rtt(rtt_ms[ep.url] / 1e3)
+    flight: list[tuple[float, int, object, float]] = []
+    sent: list[Sent] = []
+
+    def launch(t: float) -> None:
+        clock.t = start + t
+        router.routed += 1
+        ep = router._choose([])
+        service = edge_service_ms(t) if ep.url == "edge:1" else 10.0
+        latency = (service + rtt_ms[ep.url]) / 1e3
+        heapq.heappush(flight, (t + latency, len(sent), ep, latency))
+        sent.append(Sent(t, ep.url, ep.url, latency * 1e3))
+
+    for _ in range(concurrency):
+        launch(0.0)
+    while flight:
+        t, _, ep, latency = heapq.heappop(flight)
+        clock.t = start + t
+        ep.succeeded(latency)
+        if t < seconds:
+            launch(t)
+    return sent
+
+
+def test_router_moves_off_a_slowed_edge_and_back_within_a_second_on_a_fake_clock():
+    """Issue #17's cases decided on a fake clock: an edge whose batcher starts waiting 80 ms (85 ms
+    in all) at 3 s and is itself again at 6 s, against a cloud of 40 ms."""
+    step = _simulate(lambda t: 85.0 if 3 <= t < 6 else 3.0, 9.0)
+    off, back = switch_time(step, "cloud:1", 3.0, 6.0), switch_time(step, "edge:1", 6.0, 9.0)
+    assert off is not None and back is not None and off <= 1.0 and back <= 1.0, (off, back)
+    assert share([s for s in step if 4 <= s.at < 6], "edge:1") <= 0.2  # only probes while slow
+    healthy, slow = _simulate(lambda t: 3.0, 3.0)[:300], _simulate(lambda t: 85.0, 10.0)[:300]
+    assert share(healthy, "edge:1") >= 0.95 and share(slow, "edge:1") <= 0.2
+
+
+def test_switch_time_is_when_a_second_of_quarter_seconds_went_mostly_to_the_better_endpoint():
+    sends = [Sent(t / 100, "a" if t < 150 or t % 10 == 0 else "b", "a", 1.0) for t in range(100, 400)]
+    # from 1.5 s on only every 10th request (10%) goes to a: b took over 0.5 s after the change at 1.0
+    assert switch_time(sends, "b", 1.0, 4.0) == pytest.approx(0.5, abs=0.03)
+    assert switch_time(sends, "a", 1.0, 4.0) is None  # a never got its 80% back
+    assert switch_time(sends, "a", 1.0, 1.5) is None  # a had it, but not for a whole second
+    assert switch_time([Sent(t / 100, "a", "a", 1.0) for t in range(200)], "a", 0.0, 2.0) == 0.0
+    # a stall later on (0.2 s all to a) does not undo a switch that had settled
+    stalled = [Sent(x.at, "a", "a", 1.0) if 3.0 <= x.at < 3.2 else x for x in sends]
+    assert switch_time(stalled, "b", 1.0, 4.0) == switch_time(sends, "b", 1.0, 4.0)
 
 
 def test_router_breaker_takes_a_failing_endpoint_out_and_no_request_is_lost():
@@ -341,6 +433,25 @@ def test_router_breaker_takes_a_failing_endpoint_out_and_no_request_is_lost():
     assert all(o.endpoint == "cloud:1" for o in outs)
     assert fakes["edge:1"].calls == 3 and counters["endpoints"]["edge:1"]["breaker"] == "open"
     assert counters["retries"] == 3
+
+
+def test_a_slow_endpoint_is_left_by_its_estimate_and_its_breaker_stays_closed():
+    """Given up after 5x its expected latency and retried elsewhere, a slow edge is not a failing one:
+    its estimate moves traffic off it (and probes see it recover), while an open breaker would
+    keep it out for the whole cool-down."""
+    fakes = {"edge:1": FakeEndpoint(0.3), "cloud:1": FakeEndpoint(0.001)}
+
+    async def go():
+        async with _router(list(fakes), RouterPolicy(explore=0.0, breaker_failures=2), fakes=fakes) as r:
+            _measured(r, {"edge:1": 1.0, "cloud:1": 1.0}, {"edge:1": 0.2, "cloud:1": 5.0})
+            outs = [await r.infer_routed("m", {"x": np.ones(2)}) for _ in range(10)]
+            return outs, r.counters()
+
+    outs, c = asyncio.run(go())
+    edge = c["endpoints"]["edge:1"]
+    assert c["ok"] == 10 and all(o.endpoint == "cloud:1" for o in outs)
+    assert edge["errors"] == {"deadline": 2} and c["retries"] == 2  # two given up, then it was left
+    assert edge["breaker"] == "closed" and edge["breaker_trips"] == 0 and edge["service_ms"] >= 45
 
 
 def test_router_hedges_stay_within_their_budget():

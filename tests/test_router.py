@@ -3,6 +3,9 @@
 The slow server's batcher waits up to 20 ms for a preferred batch of 8 that one request at a time
 never fills, so each of its requests costs ~20 ms against ~1 ms on the fast one. Degrading the
 fast one is a reload through model control with an even longer wait (Client.load(model, config)).
+The `lag` model waits 80 ms on the slow server and not at all on the fast one; with the fast one
+reached through a delay link of 15 ms each way (30 ms round trip, loadtests/delay_link.py) they
+are issue #17's slow edge and cloud.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import pytest
 from tests.conftest import tritonkit, write_spec
 from tritonkit.clients import AsyncRouter, Router, RouterPolicy
 from tritonkit.clients.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from tritonkit.loadtests.delay_link import DelayLink
 from tritonkit.loadtests.load import Load
+from tritonkit.loadtests.routed import route_requests
 from tritonkit.stats import inference_count
 
 pytestmark = pytest.mark.server
@@ -31,16 +36,20 @@ MODEL = "mlp"
 FAST = {"max_queue_delay_us": 0}
 SLOW = {"max_queue_delay_us": 20000, "preferred_batch_sizes": [8]}
 VICTIM = {"max_queue_delay_us": 8000, "preferred_batch_sizes": [8]}
+LAG = "lag"  # 80 ms of batching wait on the slow server (4 in flight never fill 8), none on the fast one
+LINK_MS = 15.0  # each way
 
 
-def _spec(batching: dict) -> dict:
+def _spec(batching: dict, lag: dict | None = None) -> dict:
+    lag_model = [{"name": LAG, "onnx": "onnx/mlp.onnx", "max_batch_size": 8, "batching": lag}] if lag else []
     return {"models": [{"name": MODEL, "onnx": "onnx/mlp.onnx", "max_batch_size": 8, "batching": batching},
-                       {"name": "cached", "onnx": "onnx/mlp.onnx", "max_batch_size": 8, "response_cache": True}],
+                       {"name": "cached", "onnx": "onnx/mlp.onnx", "max_batch_size": 8, "response_cache": True},
+                       *lag_model],
             "server": {"http_port": 0, "grpc_port": 0, "metrics_port": 0}}
 
 
 @contextlib.contextmanager
-def _server(root, name: str, batching: dict, models: list[str] | None = None):
+def _server(root, name: str, batching: dict, models: list[str] | None = None, lag: dict | None = None):
     from tritonkit.configs.generate import generate
     from tritonkit.configs.loader import load_spec
     from tritonkit.serving import running
@@ -48,7 +57,7 @@ def _server(root, name: str, batching: dict, models: list[str] | None = None):
     d = root / name
     d.mkdir()
     (d / "onnx").symlink_to(root / "onnx")
-    spec_path = write_spec(d, _spec(batching))
+    spec_path = write_spec(d, _spec(batching, lag))
     generate(load_spec(spec_path, d / "repo"), d / "repo")
     with running(load_spec(spec_path), d / "repo", d / "state", models=models) as r:
         yield r
@@ -56,11 +65,15 @@ def _server(root, name: str, batching: dict, models: list[str] | None = None):
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory, onnx_dir):
-    """Two real servers; each is stopped by its own pid when the module ends."""
+    """Two real servers, and the fast one also behind a delay link (`far`); each server and the
+    link are stopped by their own pids when the module ends."""
     root = tmp_path_factory.mktemp("router")
     (root / "onnx").symlink_to(onnx_dir)
-    with _server(root, "fast", FAST) as fast, _server(root, "slow", SLOW) as slow:
-        yield SimpleNamespace(root=root, fast=fast, slow=slow, f=fast.endpoints.grpc, s=slow.endpoints.grpc)
+    with _server(root, "fast", FAST, lag=FAST) as fast, \
+            _server(root, "slow", SLOW, lag={"max_queue_delay_us": 80000, "preferred_batch_sizes": [8]}) as slow, \
+            DelayLink(fast.endpoints.grpc, LINK_MS) as link:
+        yield SimpleNamespace(root=root, fast=fast, slow=slow, f=fast.endpoints.grpc, s=slow.endpoints.grpc,
+                              far=link.url)
 
 
 def _shares(results) -> dict[str, float]:
@@ -110,13 +123,13 @@ def test_most_requests_go_to_the_faster_server(pair):
         results = [router.infer_routed(MODEL, x) for x in _inputs(router, 200)]
         counters = router.counters()
     shares = _shares(results)
-    print("shares", shares, {u: (c["sent"], c["service_p95_ms"], c["rtt_ms"])
+    print("shares", shares, {u: (c["sent"], c["service_ms"], c["rtt_ms"])
                              for u, c in counters["endpoints"].items()})
     assert counters["ok"] == 200 and not counters["errors"]
     assert shares[pair.f] > 0.75  # most traffic ...
     assert shares.get(pair.s, 0) > 0  # ... and the slow one measured at the start, then explored now and then
     slow, fast = counters["endpoints"][pair.s], counters["endpoints"][pair.f]
-    assert slow["service_p95_ms"] > 2 * fast["service_p95_ms"]  # its 20 ms batching wait shows
+    assert slow["service_ms"] > 2 * fast["service_ms"]  # its 20 ms batching wait shows
     assert fast["rtt_ms"] is not None and slow["rtt_ms"] is not None
 
 
@@ -151,21 +164,22 @@ def test_traffic_shifts_when_the_fast_server_degrades_and_back_when_it_recovers(
 
 
 def test_no_request_lost_when_a_server_is_killed_mid_load(pair):
-    """SIGKILL the server taking most of an open-loop load: every request is still answered."""
+    """SIGKILL the edge taking most of an open-loop load, the cloud 30 ms away: every request is
+    still answered."""
     from tritonkit.loadtests.routed import measure_router
 
-    # ~8 ms a request: still preferred over the slow one, and often busy when it dies
+    # ~8 ms a request: still preferred over the cloud, and often busy when it dies
     with _server(pair.root, "victim", VICTIM, models=[MODEL]) as victim:
         v = victim.endpoints.grpc
         killer = threading.Timer(2.0, os.kill, (victim.server.proc.pid, signal.SIGKILL))
         killer.start()
         try:
-            result = measure_router([v, pair.s], MODEL, Load(rate=80, duration_s=3.0, warmup_s=0.5, drain_s=5))
+            result = measure_router([v, pair.far], MODEL, Load(rate=80, duration_s=3.0, warmup_s=0.5, drain_s=5))
         finally:
             killer.cancel()
         assert not victim.server.alive()
     overall, sec = result["overall"], result["router"]
-    ev, es = sec["endpoints"][v], sec["endpoints"][pair.s]
+    ev, es = sec["endpoints"][v], sec["endpoints"][pair.far]
     print(json.dumps({"overall": {k: overall[k] for k in ("requests", "ok", "errors")}, "retries": sec["retries"],
                       "victim": ev, "survivor": es}))
     assert overall["requests"] > 180
@@ -177,6 +191,25 @@ def test_no_request_lost_when_a_server_is_killed_mid_load(pair):
     assert ev["breaker_trips"] >= 1 and ev["breaker"] != "closed"
     assert ev["triton_inferences"] is None  # the dead server's statistics are gone, not negative
     assert result["server"]["requests"] > 0  # Triton's side summed over the surviving endpoint
+
+
+def test_over_a_real_link_a_slow_edge_loses_to_the_cloud_and_a_healthy_one_wins(pair):
+    """Issue #17 with a real 30 ms round trip: an edge whose batcher waits 80 ms against the cloud
+    over the link, then a healthy edge against the same cloud; 300 requests, 4 in flight each."""
+    slow = route_requests([pair.s, pair.far], LAG, 300, concurrency=4)
+    healthy = route_requests([pair.f, pair.far], MODEL, 300, concurrency=4)
+    for name, sec in (("slow", slow), ("healthy", healthy)):
+        print(name, {e["role"]: (e["share"], e["p50_ms"], e["service_ms"], e["rtt_ms"], e["explored"])
+                     for e in sec["endpoints"].values()})
+    for sec in (slow, healthy):
+        assert sec["ok"] == sec["requests"] == 300
+        assert sec["endpoints"][pair.far]["rtt_ms"] > 2 * LINK_MS  # the link's delay is real, both ways
+    # Measured: 5% to the slow edge (its first requests, then probes; 76-78% before issue #17), 99.7%
+    # to the healthy one. The bounds are wide because the healthy run lasts ~0.3 s: one stall of this
+    # busy machine then moves a few dozen requests to the cloud, rightly (seen: 80%). The decisions
+    # themselves are checked to the issue's 20% and 95% on a fake clock (test_decisions.py).
+    assert slow["endpoints"][pair.s]["share"] <= 0.35
+    assert healthy["endpoints"][pair.f]["share"] >= 0.7
 
 
 def test_duplicates_share_one_inference_and_triton_counts_drop_by_their_share(pair):
@@ -256,6 +289,7 @@ def test_route_command_shows_shares_and_triton_cache_hits(pair, tmp_path):
     (["loadtest", "--router", "127.0.0.1:1", "--engine", "locust", "--model", "m", "--users", "1"], "--engine"),
     (["route", "--endpoints", "127.0.0.1:1", "--model", "m", "--hedge", "2"], "--hedge"),
     (["route", "--endpoints", "127.0.0.1:1", "--model", "m", "--duplicates", "1"], "--duplicates"),
+    (["bench", "routing", "--runs", "0"], "--runs"),
 ])
 def test_bad_router_flags_exit_2_naming_the_flag(args, flag):
     r = tritonkit(*args)

@@ -13,9 +13,11 @@ from tritonkit.loadtests.bench import run_bench
 from tritonkit.loadtests.commands import FREE_PORTS, load_args, load_from
 from tritonkit.loadtests.footprint import run_footprint
 from tritonkit.loadtests.overload import run_overload_bench
+from tritonkit.loadtests.routing_bench import BenchSettings, run_routing_bench
 from tritonkit.loadtests.serving_bench import run_serving_bench
 from tritonkit.server import read_state
 from tritonkit.spec import parse_spec
+from tritonkit.tuner.apply import load_verified
 from tritonkit.tuner.bench import run_tuner_bench
 from tritonkit.tuner.online import OnlineSettings, run_online
 from tritonkit.tuner.run import tune_offline
@@ -98,6 +100,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
     elif a.what == "footprint":
         run_footprint(a.out / "footprint", log=say)
         say(f"wrote {a.out / 'footprint' / 'footprint.json'}")
+    elif a.what == "routing":
+        settings = BenchSettings.from_flags(a.runs, a.requests, a.concurrency, a.delay_ms, a.phase_s)
+        # the edge slows down and recovers through the one verified way to change a live config
+        run_routing_bench(a.out, settings, lambda c, model, cfg: load_verified(c, model, cfg, override=True),
+                          log=say)
+        say(f"wrote {a.out / 'bench_routing.json'}")
     return 0
 
 
@@ -136,12 +144,13 @@ def register(sub) -> None:
     sp.set_defaults(func=cmd_tune)
 
     sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
-    sp.add_argument("what", choices=["generators", "tuner", "overload", "serving", "footprint"],
+    sp.add_argument("what", choices=["generators", "tuner", "overload", "serving", "footprint", "routing"],
                     help="generators: Locust HTTP vs asyncio gRPC capacity and distortion; "
                          "tuner: the tuner against an exhaustive grid over the same knobs; "
                          "overload: the spec's and the tuned config at 0.8x, 1.5x and 3x their capacity; "
                          "serving: raw ONNX Runtime against the same model served by the kit; "
-                         "footprint: install size per extra, idle memory of the server and the tuner sidecar")
+                         "footprint: install size per extra, idle memory of the server and the tuner sidecar; "
+                         "routing: the edge/cloud router over a delayed link (shares, time to switch)")
     spec_arg(sp)
     sp.add_argument("--model", help="tuner, overload: the model (default: the spec's first)")
     sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
@@ -154,4 +163,9 @@ def register(sub) -> None:
     sp.add_argument("--max-batch", type=int, default=16, help="serving: the largest batch (also 1 and 8)")
     sp.add_argument("--threads", type=int, default=1, help="serving: ONNX Runtime threads, raw and per instance")
     sp.add_argument("--instances", type=int, default=1, help="serving: instances of the served model")
+    sp.add_argument("--runs", type=int, default=3, help="routing: step runs (edge slows down, then recovers)")
+    sp.add_argument("--requests", type=int, default=300, help="routing: requests per fixed case")
+    sp.add_argument("--concurrency", type=int, default=4, help="routing: requests in flight")
+    sp.add_argument("--delay-ms", type=float, default=15.0, help="routing: the cloud link's delay, each way")
+    sp.add_argument("--phase-s", type=float, default=3.0, help="routing: seconds per phase of a step run")
     sp.set_defaults(func=cmd_bench)
