@@ -194,8 +194,9 @@ class LocalTriton:
 
     def __init__(self, repository: Path, server: ServerSpec, state_dir: Path, *, use_cache: bool = False,
                  http_port: int | None = None, grpc_port: int | None = None, metrics_port: int | None = None,
-                 log_verbose: int = 0):
+                 log_verbose: int = 0, cpus: set[int] | None = None):
         self.repository = Path(repository).resolve()
+        self.cpus = cpus  # pin the server (and the backend stubs it starts later) to these cores
         self.server = server
         self.state_dir = Path(state_dir).resolve()
         self.use_cache = use_cache
@@ -262,6 +263,8 @@ class LocalTriton:
                                          env=_stub_env(install), start_new_session=True)
         finally:
             log.close()
+        if self.cpus:
+            os.sched_setaffinity(self.proc.pid, self.cpus)  # before any model loads: the stubs inherit it
         self._watchdog = _watch_group(self.proc.pid)
         self.endpoints = Endpoints(self.server.host, ports["http_port"], ports["grpc_port"], ports["metrics_port"],
                                    key[0], key[1], self.proc.pid)

@@ -45,10 +45,11 @@ class Running:
 
 @contextlib.contextmanager
 def running(spec: Spec, repository: Path, state_dir: Path, *, models: list[str] | None = None,
-            ports: dict[str, int] | None = None, log: Callable[[str], None] = lambda s: None) -> Iterator[Running]:
+            ports: dict[str, int] | None = None, log: Callable[[str], None] = lambda s: None,
+            cpus: set[int] | None = None) -> Iterator[Running]:
     names = models if models is not None else [m.name for m in spec.models]
     use_cache = any(spec.model(n).response_cache for n in names)
-    server = LocalTriton(repository, spec.server, state_dir, use_cache=use_cache, **(ports or {}))
+    server = LocalTriton(repository, spec.server, state_dir, use_cache=use_cache, cpus=cpus, **(ports or {}))
     log("starting tritonserver ...")
     with server:
         r = Running(server, server.endpoints)
