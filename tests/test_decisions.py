@@ -72,7 +72,9 @@ class SimulatedTrials:
             b, n = min(load.concurrency, k.items), 500
             stats = {"batch_stats": [{"batch_size": b, "compute_infer": {"count": n, "ns": n * WORLD.t_ms(b) * 1e6}}]}
             t.batch_stats, t.passed = ({}, stats), True
-        elif k.queue is not None and load.rate > (capacity := WORLD.capacity(k.items, k.instances)):
+        elif k.queue is not None and predict_p95(WORLD, k, load.rate) > SLO_MS:
+            # more than it serves within the SLO: the bounded queue rejects the rest
+            capacity = best_sustained(replace(k, queue=None))
             served = 0.2 * capacity if self.collapses else capacity
             t.ok_rps, t.p95_ms = round(served, 1), 480.0 if self.collapses else 0.8 * SLO_MS
             t.error_ratio = round(1 - served / load.rate, 4)
