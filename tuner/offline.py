@@ -34,11 +34,11 @@ from dataclasses import dataclass, field, replace
 from tritonkit.spec import QueuePolicy
 from tritonkit.tuner.costmodel import CostModel, batch_points, delay_for, fit, parallelism
 from tritonkit.tuner.knobs import Knobs, batch_sizes, max_instances, neighbours, on_ladder, protective_queue
-from tritonkit.tuner.noise import RUNS, Noise, clear, majority, wins
+from tritonkit.tuner.noise import RUNS, Noise, clear, fitted_rate, majority, wins
 from tritonkit.tuner.trials import Trial, Trials
 
 RATE_STEP = 1.15  # the rate ladder of capacity searches: the resolution of a throughput figure
-FINAL_TRIALS = 1 + RUNS  # the overload check and a confirmation by the majority of three runs
+FINAL_TRIALS = 1 + 2 * RUNS  # the overload check, and a confirmation (two of three runs) at two rates at most
 # Under 1.5x its capacity, a protective queue policy must still serve this share of the capacity
 # within the SLO (the rest rejected fast); Triton 2.51's batcher can collapse instead (README).
 OVERLOAD_GOODPUT = 0.9
@@ -215,6 +215,18 @@ class Search:
             return self._score(k, rate, [c0, c1], held)
         return self.sustained(k, rate, "neighbour", given=[c0, c1])
 
+    def refined(self, s: Score) -> Score:
+        """The winner's rate read from a line fitted to all its runs near its ladder rate (within
+        two rungs), kept within one rung of it: where its typical P95 meets the target."""
+        near = [(t.rate, self.p95(t)) for t in self.t.trials if t.label == s.knobs.label() and t.rate
+                and s.rate / RATE_STEP ** 2 <= t.rate <= s.rate * RATE_STEP ** 2]
+        rate = fitted_rate(near, self.obj.target_p95_ms)
+        if rate is None:
+            return s
+        rate = min(max(rate, s.rate / RATE_STEP), s.rate * RATE_STEP)
+        self.log(f"    rate read from {len(near)} runs: {rate:.0f} req/s (ladder: {s.rate:.0f})")
+        return replace(s, rate=rate)
+
     def better(self, a: Score, b: Score) -> bool:
         """Is `a` better than `b`? Sustained rates are majority verdicts on one ladder and compare as
         they are; at the same rate (or a fixed one) the typical P95 must be lower by the noise."""
@@ -310,6 +322,8 @@ class Search:
                     log(f"    better: {k.label()}")
                     incumbent, improved = score, True
                     break
+        if incumbent.passed and not self.obj.rps:
+            incumbent = self.refined(incumbent)
         tuning = Tuning(self.obj, baseline, incumbent, cm, self.bound, stopped_because=stopped)
         if incumbent.passed:
             self._protect_and_confirm(tuning, cm)
@@ -356,26 +370,36 @@ class Search:
             if tuning.policy_note:
                 self.log(f"   {tuning.policy_note}")
         self.log("== confirm")
-        confirmed = confirm(self.t, candidates, rate, step_down=not self.obj.rps, limit=self.final_left)
+        confirmed = confirm(self.t, candidates, rate, step_down=not self.obj.rps, limit=self.final_left,
+                            objective=self.obj)
         if confirmed is not None:
             tuning.best, tuning.confirmed = confirmed, True
 
 
 def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: bool, tries: int = 3,
-            limit: int | None = None) -> Score | None:
+            limit: int | None = None, objective: Objective | None = None) -> Score | None:
     """Measure again at `rate`: a candidate is confirmed where two of three runs pass, and the first
-    one confirmed wins (later ones are fallbacks). A rate that does not hold steps down, `tries`
-    rates at most; a fixed target rate is the only rate tried. At most `limit` trials."""
+    one confirmed wins (later ones are fallbacks). With `objective`, a run passes when it meets the
+    SLO itself: the search aimed at the SLO less the margin, and this checks that the written
+    config meets the SLO on most runs. A rate that does not hold steps down, `tries` rates at most;
+    a fixed target rate is the only rate tried. At most `limit` trials."""
     end = len(trials.trials) + (limit if limit is not None else tries * RUNS * len(candidates))
+
+    def passes(t: Trial) -> bool:
+        if objective is None:
+            return t.passed
+        return t.offered and t.p95_ms is not None and t.p95_ms <= objective.slo_p95_ms and \
+            t.error_ratio <= objective.max_error_ratio
+
     for r in [rate / RATE_STEP ** i for i in range(tries)] if step_down else [rate]:
         for k in candidates:
             runs: list[Trial] = []
-            while (verdict := majority([t.passed for t in runs])) is None:
+            while (verdict := majority([passes(t) for t in runs])) is None:
                 if len(trials.trials) >= end:
                     return None
                 runs.append(trials.run(k, trials.open_load(r), "confirm"))
             if verdict:
-                passing = sorted((t for t in runs if t.passed), key=lambda t: t.p95_ms)
+                passing = sorted((t for t in runs if passes(t)), key=lambda t: t.p95_ms)
                 mid = passing[(len(passing) - 1) // 2]
                 value = statistics.median(t.ok_rps for t in passing) if step_down else -mid.p95_ms
                 return Score(k, value, r, mid, runs)

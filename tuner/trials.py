@@ -63,6 +63,7 @@ class Trial:
     overhead_ms: float | None = None  # client mean minus server mean: network, gRPC, the client
     stalled_ms: float = 0.0  # how long the generator's loop did not run in the trial
     generator_limited: bool = False  # the generator, not the server, limited this trial
+    offered: bool = True  # False when the generator could not send the trial's rate (nothing to judge)
     error_ratio: float = 0.0
     errors: dict = field(default_factory=dict)
     mean_batch: float | None = None
@@ -191,6 +192,7 @@ class Trials:
         # client's P95 by more than 10% are taken out, and both are said.
         short = t.rate is not None and gen["achieved_rate"] < 0.9 * t.rate
         hiccup = t.p95_ms is not None and t.client_p95_ms is not None and t.client_p95_ms > 1.1 * t.p95_ms
+        t.offered = not short
         t.generator_limited = bool(short or gen["saturated"] or hiccup)
         if short:
             t.note = f"generator-limited: sent {gen['achieved_rate']:.0f} of {t.rate:.0f} req/s"
