@@ -33,7 +33,7 @@ def _tune(workdir, *args: str, timeout: float = 400):
     spec = write_spec(workdir, SLOW_SPEC)
     done = tritonkit("tune", "--spec", str(spec), "--model", "tunable", "--repo", str(workdir / "repo"),
                      "--state-dir", str(workdir / "state"), "--out", str(workdir / "out"),
-                     "--max-trial-s", "3", *args, timeout=timeout)  # 3 s trials, as before trial length followed the rate
+                     "--max-trial-s", "3", *args, timeout=timeout)  # 3 s trials: as long as before
     return spec, done
 
 
