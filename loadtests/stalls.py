@@ -3,8 +3,12 @@
 On a shared machine the generator's event loop sometimes does not run for tens of ms (the OS
 gave both cores to someone else, or the loop was busy). A response that arrives then waits for
 the loop, and the client counts the wait as latency although Triton had answered. A watcher
-that should wake every TICK_S records each late wake-up as a stall; a request's latency less the
-stalls inside it is Triton's latency plus the client's ordinary overhead (issue #15).
+that should wake every TICK_S records each late wake-up as a stall (issue #15).
+
+Only a request seen done right after a stall ended (within SEEN_S: the loop works off what
+queued up) may have waited for it; its answer came somewhere inside the part of the stall it was
+in flight for, and half of that part, the expected wait, is taken out. A request seen done later
+was still at the server when the stall ended: nothing is taken out of its latency.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import time
 
 TICK_S = 0.005
 LATE_S = 0.005  # a wake-up later than this is a stall (ordinary scheduling jitter is below it)
+SEEN_S = 0.010  # after a stall, the loop handles what queued up within this
 
 
 async def watch(stalls: list[tuple[float, float]]) -> None:
@@ -28,22 +33,19 @@ async def watch(stalls: list[tuple[float, float]]) -> None:
         last = now
 
 
-def stalled_s(start: float, end: float, stalls: list[tuple[float, float]]) -> float:
-    """Seconds of `stalls` (sorted, disjoint) inside [start, end]."""
-    i = max(0, bisect.bisect_left(stalls, (start,)) - 1)
-    total = 0.0
-    for a, b in stalls[i:]:
-        if a >= end:
-            break
-        total += max(0.0, min(b, end) - max(a, start))
-    return total
+def waited_s(sent: float, done: float, stalls: list[tuple[float, float]]) -> float:
+    """The expected time a request sent at `sent` and seen done at `done` waited for the generator:
+    half its overlap with the stall that ended just before `done`, if one did (stalls sorted)."""
+    i = bisect.bisect_right(stalls, (done, done)) - 1
+    if i < 0:
+        return 0.0
+    a, b = stalls[i]
+    if not (b <= done <= b + SEEN_S or a <= done < b):
+        return 0.0
+    return max(0.0, min(b, done) - max(a, sent)) / 2
 
 
 def without_stalls(samples, stalls: list[tuple[float, float]]) -> list[float]:
-    """Latencies (s) of the successful samples, each less the generator's stalls while it was in flight."""
-    out = []
-    for s in samples:
-        if s.latency_s is not None:
-            out.append(max(0.0, s.latency_s - stalled_s(s.sent, s.sent + s.latency_s, stalls)) if stalls
-                       else s.latency_s)
-    return out
+    """Latencies (s) of the successful samples, each less its expected wait for the generator."""
+    return [s.latency_s - waited_s(s.sent, s.sent + s.latency_s, stalls) if stalls else s.latency_s
+            for s in samples if s.latency_s is not None]

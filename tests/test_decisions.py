@@ -276,11 +276,14 @@ def test_trial_length_follows_the_rate_within_its_bounds():
 
 
 def test_the_generators_own_stalls_are_taken_out_of_latencies():
-    samples = [Sample("default", 0.0, 0.0, 0.030), Sample("default", 0.1, 0.1, 0.010),
-               Sample("default", 0.2, 0.2, None, "timeout")]
-    stalls = [(0.005, 0.025)]  # the loop did not run for 20 ms, during the first request only
-    assert without_stalls(samples, stalls) == pytest.approx([0.010, 0.010])
-    assert without_stalls(samples, []) == pytest.approx([0.030, 0.010])
+    """A request seen done right after a stall may have waited for the loop: half the stall it was
+    in flight for is its expected wait. One seen done long after the stall waited for the server."""
+    samples = [Sample("default", 0.0, 0.0, 0.026),  # seen 1 ms after the 20 ms stall ended
+               Sample("default", 0.0, 0.0, 0.060),  # still at the server 35 ms after it ended
+               Sample("default", 0.1, 0.1, 0.010), Sample("default", 0.2, 0.2, None, "timeout")]
+    stalls = [(0.005, 0.025)]
+    assert without_stalls(samples, stalls) == pytest.approx([0.016, 0.060, 0.010])
+    assert without_stalls(samples, []) == pytest.approx([0.026, 0.060, 0.010])
 
 
 # -- the online sidecar --------------------------------------------------------------------------
