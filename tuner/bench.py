@@ -91,8 +91,9 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
             ranked = sorted((s for s in finalists if s.passed), key=lambda s: (-s.rate, -s.value))
             grid_best = None
             if ranked:
-                log(f"== confirm the grid's best: {ranked[0].knobs.label()} at {ranked[0].rate:.0f} req/s")
-                grid_best = confirm(grid_trials, [ranked[0].knobs], ranked[0].rate, step_down=True)
+                best = rules.refined(ranked[0])  # the rate read from its runs, as the tuner's winner's is
+                log(f"== confirm the grid's best: {best.knobs.label()} at {best.rate:.0f} req/s")
+                grid_best = confirm(grid_trials, [best.knobs], best.rate, step_down=True, objective=objective)
             grid_s = time.perf_counter() - t0
 
             log(f"==== both winners confirmed {confirmations} more times, interleaved")
@@ -102,7 +103,7 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
             for _ in range(confirmations):
                 for name, s in sides.items():
                     if s is not None:
-                        again = confirm(judged, [s.knobs], s.rate, step_down=True)
+                        again = confirm(judged, [s.knobs], s.rate, step_down=True, objective=objective)
                         figures_of[name].append(again.value if again is not None else 0.0)
         finally:
             generate(spec, repo, models=[model])

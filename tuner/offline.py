@@ -147,12 +147,12 @@ class Search:
     def _score(self, k: Knobs, rate: float, runs: list[Trial], ok: bool) -> Score:
         if self.obj.rps:  # latency: the median P95 of the runs, whether they passed or not
             ordered = sorted(runs, key=self.p95)
-            mid = ordered[(len(ordered) - 1) // 2]
+            mid = ordered[len(ordered) // 2]  # of two, the slower: no figure from the luckier run
             return Score(k, -self.p95(mid), rate, mid, runs)
         if not ok:
             return Score(k, -math.inf, None, runs[-1], runs)
         passing = sorted((r for r in runs if r.passed), key=self.p95)
-        return Score(k, statistics.median(r.ok_rps for r in passing), rate, passing[(len(passing) - 1) // 2], runs)
+        return Score(k, statistics.median(r.ok_rps for r in passing), rate, passing[len(passing) // 2], runs)
 
     # -- evaluating one candidate ---------------------------------------------------------------
 
