@@ -128,21 +128,23 @@ class Search:
         """The P95 a comparison uses: infinite for a run without one or with too many errors."""
         return t.p95_ms if t.p95_ms is not None and t.error_ratio <= self.obj.max_error_ratio else math.inf
 
-    def holds(self, k: Knobs, rate: float, phase: str) -> tuple[bool, list[Trial]]:
-        """Does `k` meet the target at `rate`? One run when it is clear, else the majority of three."""
-        runs: list[Trial] = []
+    def holds(self, k: Knobs, rate: float, phase: str, runs: list[Trial] | None = None) -> tuple[bool, list[Trial]]:
+        """Does `k` meet the target at `rate`? One run when it is clear, else the majority of three.
+        `runs`: runs at this rate already made."""
+        runs = list(runs or [])
         while True:
-            t = self.measure(k, rate, phase)
-            runs.append(t)
-            verdict = majority([r.passed for r in runs])
-            if verdict is None and len(runs) == 1 and clear(
-                    None if math.isinf(self.p95(t)) else t.p95_ms, t.passed, self.obj.target_p95_ms,
-                    self.noise.spread):
-                verdict = t.passed
-            if verdict is None and self.budget_left <= 0:
-                verdict = 2 * sum(r.passed for r in runs) > len(runs)
-            if verdict is not None:
-                return verdict, runs
+            if runs:
+                t = runs[-1]
+                verdict = majority([r.passed for r in runs])
+                if verdict is None and len(runs) == 1 and clear(
+                        None if math.isinf(self.p95(t)) else t.p95_ms, t.passed, self.obj.target_p95_ms,
+                        self.noise.spread):
+                    verdict = t.passed
+                if verdict is None and self.budget_left <= 0:
+                    verdict = 2 * sum(r.passed for r in runs) > len(runs)
+                if verdict is not None:
+                    return verdict, runs
+            runs.append(self.measure(k, rate, phase))
 
     def _score(self, k: Knobs, rate: float, runs: list[Trial], ok: bool) -> Score:
         if self.obj.rps:  # latency: the median P95 of the runs, whether they passed or not
@@ -165,7 +167,9 @@ class Search:
     def sustained(self, k: Knobs, rate: float, phase: str, given: list[Trial] | None = None,
                   down: bool = True) -> Score:
         """The highest rate on the ladder that holds in most runs: climb from `rate` while it holds,
-        step down from it while it does not. `given`: runs at `rate` that already held there."""
+        step down from it while it does not. Stepping down, one failed run per rung is enough (a
+        rung too low is corrected by the fitted rate, `refined`); the first pass must hold in most
+        runs. `given`: runs at `rate` that already held there."""
         ok, runs = (True, given) if given else self.holds(k, rate, phase)
         best = self._score(k, rate, runs, ok)
         if ok:
@@ -180,7 +184,10 @@ class Search:
                 if self.budget_left <= 0:
                     break
                 rate /= RATE_STEP
-                ok, runs = self.holds(k, rate, phase)
+                first = self.measure(k, rate, phase)
+                if not first.passed:
+                    continue
+                ok, runs = self.holds(k, rate, phase, [first])
                 if ok:
                     best = self._score(k, rate, runs, True)
                     break

@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 from tritonkit.errors import raise_flag_problems
 
-# Share of the SLO the tuner holds back: its trials must meet 85% of it, so that the written config
-# still meets the SLO on a minute when this machine runs 15% slower (issue #15 measured +-20%).
-DEFAULT_MARGIN = 0.15
+# Share of the SLO the tuner holds back: its trials must meet 90% of it, so that the written config
+# still meets the SLO on a minute when this machine runs 10% slower; the confirmation then checks
+# the SLO itself on two of three runs (issue #15 measured runs 20% apart).
+DEFAULT_MARGIN = 0.1
 
 
 @dataclass(frozen=True)
