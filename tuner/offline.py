@@ -110,7 +110,8 @@ class Search:
     def budget_left(self) -> int:
         """Trials the search may still use; the last few are kept for the overload check and the
         confirmation, so that `max_trials` is never exceeded."""
-        return self.max_trials - len(self.t.trials) - FINAL_TRIALS
+        # a fixed target rate is confirmed at that rate only: one majority of three
+        return self.max_trials - len(self.t.trials) - (FINAL_TRIALS - RUNS if self.obj.rps else FINAL_TRIALS)
 
     @property
     def final_left(self) -> int:
