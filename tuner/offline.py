@@ -377,7 +377,8 @@ class Search:
                                      "a protective queue policy"
             if tuning.policy_note:
                 self.log(f"   {tuning.policy_note}")
-        self.log("== confirm")
+        self.log(f"== confirm: two of three runs must meet the SLO itself ({self.obj.slo_p95_ms:g} ms); "
+                 "pass/fail below is against the search's target")
         confirmed = confirm(self.t, candidates, rate, step_down=not self.obj.rps, limit=self.final_left,
                             objective=self.obj)
         if confirmed is not None:
