@@ -165,8 +165,7 @@ class Search:
             return self._score(k, self.obj.rps, runs, ok)
         return self.sustained(k, start_rate or 100.0, phase)
 
-    def sustained(self, k: Knobs, rate: float, phase: str, given: list[Trial] | None = None,
-                  down: bool = True) -> Score:
+    def sustained(self, k: Knobs, rate: float, phase: str, given: list[Trial] | None = None) -> Score:
         """The highest rate on the ladder that holds in most runs: climb from `rate` while it holds,
         step down from it while it does not. Stepping down, one failed run per rung is enough (a
         rung too low is corrected by the fitted rate, `refined`); the first pass must hold in most
@@ -180,7 +179,7 @@ class Search:
                 if not ok:
                     break
                 rate, best = up, self._score(k, up, runs, True)
-        elif down:
+        else:
             for _ in range(MAX_STEPS_DOWN):
                 if self.budget_left <= 0:
                     break
