@@ -32,7 +32,7 @@ class TuneSettings:
             ("--max-trials", self.max_trials >= 5, "allow at least 5 trials (calibration alone takes 3)"),
             ("--max-errors", 0 <= self.max_errors < 1, "give a ratio within 0..1, e.g. 0.01"),
             ("--max-batch", self.max_batch is None or self.max_batch >= 1, "give a max batch of at least 1"),
-            ("--margin", 0 <= self.margin <= 0.5, "give the share of the SLO to hold back, within 0..0.5, e.g. 0.15"),
+            ("--margin", 0 <= self.margin <= 0.5, "give the share of the SLO to hold back, within 0..0.5, e.g. 0.1"),
             ("--max-trial-s", self.max_trial_s >= 1, "give the longest trial window in seconds, at least 1, e.g. 8"),
             ("--interval", self.interval_s > 0, "give a window above 0 s, e.g. 5"),
             ("--cooldown", self.cooldown_s >= 0, "give a cool-down of 0 s or more"),
