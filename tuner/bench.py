@@ -100,25 +100,28 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
             judged = trials()
             sides = {"tuner": tuning.best if tuning.confirmed else None, "grid": grid_best}
             figures_of: dict[str, list[float]] = {"tuner": [], "grid": []}
+            p95s_of: dict[str, list[float | None]] = {"tuner": [], "grid": []}
             for _ in range(confirmations):
                 for name, s in sides.items():
                     if s is not None:
                         again = confirm(judged, [s.knobs], s.rate, step_down=True, objective=objective)
                         figures_of[name].append(again.value if again is not None else 0.0)
+                        p95s_of[name].append(again.trial.p95_ms if again is not None else None)
         finally:
             generate(spec, repo, models=[model])
             server.close()
 
-    def side(s: Score | None, trial_list: list, seconds: float, name: str) -> dict:
+    def side(s: Score | None, trial_list: list, seconds: float, name: str, pick: Score | None = None) -> dict:
         again = figures_of[name]
-        return {"best": s.knobs.label() if s else None,
+        label = s.knobs.label() if s else (f"{pick.knobs.label()} (unconfirmed)" if pick and pick.passed else None)
+        return {"best": label, "confirmations_p95_ms": p95s_of[name],
                 "confirmed_rps": s.value if s is not None and s.passed else None,
                 "confirmations_rps": again, "rps": statistics.median(again) if again else None,
                 "spread": None if (sp := spread_of(again)) is None else round(sp, 3),
                 "trials": len(trial_list), "seconds": round(seconds, 1)}
 
-    t, g = side(sides["tuner"], tuner_trials.trials, tuner_s, "tuner"), side(grid_best, grid_trials.trials,
-                                                                           grid_s, "grid")
+    t = side(sides["tuner"], tuner_trials.trials, tuner_s, "tuner", tuning.best)
+    g = side(grid_best, grid_trials.trials, grid_s, "grid", ranked[0] if ranked else None)
     g.update(configs=len(points), best_unconfirmed_rps=ranked[0].value if ranked else None)
     t.update(noise_spread=tuning.noise_spread, margin=objective.margin)
     figures = {
