@@ -19,6 +19,7 @@ import psutil
 
 from tritonkit.clients import AsyncClient, TritonRequestError
 from tritonkit.loadtests.load import Load, Outcome, RequestClass, Sample
+from tritonkit.loadtests.stalls import watch
 
 
 async def run_load(url: str, model: str, load: Load, classes: list[RequestClass] | None = None, *,
@@ -58,6 +59,7 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
             out.stats_before = await client.statistics(model)
 
         opener = asyncio.create_task(open_window())
+        watcher = asyncio.create_task(watch(out.stalls))
 
         async def one(cls: RequestClass, scheduled: float) -> None:
             arrays = payload(cls)
@@ -104,6 +106,7 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
 
             await asyncio.gather(*(worker(i) for i in range(load.concurrency)))
         await opener
+        watcher.cancel()
         out.stats_after = await client.statistics(model)
         out.wall_s = time.perf_counter() - start
     out.cpu_percent = 100.0 * (sum(proc.cpu_times()[:2]) - cpu0) / out.wall_s

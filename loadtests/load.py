@@ -180,6 +180,8 @@ class Outcome:
     # exactly the requests counted here (plus the few warm-up requests still in flight)
     stats_before: dict | None = None
     stats_after: dict | None = None
+    # (start, end) perf_counter intervals in which the generator's loop did not run (loadtests/stalls.py)
+    stalls: list[tuple[float, float]] = field(default_factory=list)
 
 
 def generator_health(load: Load, out: Outcome) -> dict:

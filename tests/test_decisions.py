@@ -19,16 +19,18 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonkit.clients import AsyncRouter, RouterPolicy
 from tritonkit.clients.endpoint import LatencyWindow
 from tritonkit.clients.errors import UnavailableError
-from tritonkit.loadtests.load import Load
+from tritonkit.loadtests.load import Load, Sample
 from tritonkit.loadtests.routing_bench import Sent, share, switch_time
+from tritonkit.loadtests.stalls import without_stalls
 from tritonkit.server_traits import ServerTraits
 from tritonkit.spec import Batching, ModelSpec, QueuePolicy
 from tritonkit.tuner.costmodel import CostModel
-from tritonkit.tuner.knobs import Knobs, batch_sizes, grid
+from tritonkit.tuner.knobs import DELAYS_US, Knobs, batch_sizes, grid
+from tritonkit.tuner.noise import Noise, clear, fitted_rate, majority, wins
 from tritonkit.tuner.offline import RATE_STEP, Objective, Search, predict_p95
 from tritonkit.tuner.online import Controller, OnlineSettings, Window
 from tritonkit.tuner.protect import Budget, protect
-from tritonkit.tuner.trials import Trial
+from tritonkit.tuner.trials import Probe, Trial
 
 SLO_MS = 25.0
 # 2 ms per execution plus 0.5 ms per item: batching pays (8 items cost 6 ms, not 20 ms)
@@ -78,7 +80,9 @@ class SimulatedTrials:
             b, n = min(load.concurrency, k.items), 500
             stats = {"batch_stats": [{"batch_size": b, "compute_infer": {"count": n, "ns": n * WORLD.t_ms(b) * 1e6}}]}
             t.batch_stats, t.passed = ({}, stats), True
-        elif k.queue is not None and load.rate > (capacity := WORLD.capacity(k.items, k.instances)):
+        elif k.queue is not None and predict_p95(WORLD, k, load.rate) > SLO_MS:
+            # more than it serves within the SLO: the bounded queue rejects the rest
+            capacity = best_sustained(replace(k, queue=None))
             served = 0.2 * capacity if self.collapses else capacity
             t.ok_rps, t.p95_ms = round(served, 1), 480.0 if self.collapses else 0.8 * SLO_MS
             t.error_ratio = round(1 - served / load.rate, 4)
@@ -194,6 +198,140 @@ def test_latency_objective_lowers_p95_at_the_target_rate():
     base, best = tuning.baseline.trial, tuning.best.trial
     assert best.passed and best.rate == 600
     assert best.p95_ms < base.p95_ms / 2  # the spec's 8 ms wait is most of its P95 at this rate
+
+
+# -- the offline search on a noisy machine --------------------------------------------------------
+
+class NoisySimulatedTrials(SimulatedTrials):
+    """WORLD on a shared machine: every open-loop P95 is multiplied by a slow drift of the machine
+    (a first-order autoregression, so neighbouring runs are alike) and by each run's own noise,
+    lognormal, as issue #15 measured (the same config at the same rate: 19.9 to 30.5 ms)."""
+
+    def __init__(self, seed: int, target_ms: float, spread: float = 0.15, drift: float = 0.05):
+        super().__init__()
+        self.rng, self.target_ms, self.spread, self.drift, self.level = \
+            np.random.default_rng(seed), target_ms, spread, drift, 0.0
+
+    def run(self, k: Knobs, load: Load, phase: str) -> Trial:
+        t = super().run(k, load, phase)
+        if load.rate is not None and t.p95_ms is not None:
+            self.level = 0.7 * self.level + self.drift * self.rng.normal()
+            t.p95_ms = round(t.p95_ms * math.exp(self.level + self.spread * self.rng.normal()), 3)
+            t.passed = t.p95_ms <= self.target_ms and t.error_ratio <= 0.01
+        return t
+
+
+def _steps_apart(a: Knobs, b: Knobs) -> int:
+    """How many single-knob moves of the search lie between two configs (a delay move spans up to
+    two rungs down, as `neighbours` does)."""
+    rung = {d: i for i, d in enumerate(DELAYS_US)}
+    delay = abs(rung[a.delay_us] - rung[b.delay_us])
+    return abs(int(math.log2(a.max_batch)) - int(math.log2(b.max_batch))) + (delay + 1) // 2 + \
+        abs(a.instances - b.instances)
+
+
+def test_on_a_noisy_machine_the_picks_are_stable_and_meet_the_slo():
+    """Twenty tunings of the same world, each with its own noise: the winners lie within one step
+    of the most frequent one, nine in ten confirmed rates within one rung (either side) of the
+    median and all within two, and with the margin every confirmed rate really meets the SLO
+    (WORLD's noise-free P95)."""
+    objective = Objective(SLO_MS, margin=0.15)
+    picks = []
+    for seed in range(20):
+        sim = NoisySimulatedTrials(seed, objective.target_p95_ms)
+        t = Search(sim, objective, bound=16, max_trials=30, log=lambda s: None).run(Knobs(16, 8000, 1))
+        assert len(sim.trials) <= 30
+        if t.confirmed:
+            picks.append((replace(t.best.knobs, queue=None), t.best.rate))
+    assert len(picks) >= 18, len(picks)
+    common = max({k for k, _ in picks}, key=[k for k, _ in picks].count)
+    assert all(_steps_apart(k, common) <= 1 for k, _ in picks), [k.label() for k, _ in picks]
+    median = sorted(r for _, r in picks)[len(picks) // 2]
+    rates = [round(r) for _, r in picks]
+    assert sum(median / RATE_STEP <= r <= median * RATE_STEP for r in rates) >= 0.9 * len(picks), rates
+    assert all(median / RATE_STEP ** 2 <= r <= median * RATE_STEP ** 2 for r in rates), rates
+    assert all(predict_p95(WORLD, k, r) <= SLO_MS for k, r in picks)
+    assert median >= 0.75 * max(best_sustained(k) for k in grid(batch_sizes(16)))
+
+
+class LuckyOnce(SimulatedTrials):
+    """WORLD, except that `k` runs at `factor` times the P95 that `like` has in WORLD, and its first
+    run is lucky: half of that (what one short run on a noisy box can show)."""
+
+    def __init__(self, k: Knobs, like: Knobs, factor: float):
+        super().__init__()
+        self.k, self.like, self.factor, self.seen = k, like, factor, 0
+
+    def run(self, k: Knobs, load: Load, phase: str) -> Trial:
+        t = super().run(self.like if k == self.k else k, load, phase)
+        if k == self.k and t.p95_ms is not None and load.rate is not None:
+            self.seen += 1
+            t.p95_ms = round(t.p95_ms * (0.5 if self.seen == 1 else self.factor), 3)
+            t.passed = t.p95_ms <= SLO_MS
+        return t
+
+
+@pytest.mark.parametrize("factor, kept", [(1.1, False), (0.5, True)])
+def test_a_candidate_lucky_in_one_run_is_not_kept_but_a_better_one_is(factor, kept):
+    """One run at half the incumbent's P95 is only a screening pass: interleaved runs decide. A
+    candidate 10% slower than the incumbent is not kept after its lucky run; one twice as fast is."""
+    incumbent_knobs, candidate = Knobs(16, 2000, 2), Knobs(16, 500, 2)
+    sim = LuckyOnce(candidate, incumbent_knobs, factor)
+    search = Search(sim, Objective(SLO_MS), bound=16, max_trials=60, log=lambda s: None)
+    incumbent = search.evaluate(incumbent_knobs, "start", start_rate=1000.0)
+    before = len(sim.trials)
+    won = search.challenge(incumbent, candidate)
+    assert (won is not None) == kept
+    phases = [t.phase for t in sim.trials[before:before + 4]]
+    assert phases == ["neighbour", "incumbent", "incumbent", "neighbour"]  # C I I C, past the screen
+    if kept:
+        assert won.rate >= incumbent.rate
+
+
+def test_the_noise_rules():
+    # the spread estimate follows the machine: lognormal runs of a known spread, several groups
+    rng = np.random.default_rng(1)
+    noise = Noise()
+    for group in range(12):
+        for _ in range(3):
+            noise.observe(group, 20.0 * math.exp(0.3 * rng.normal()))
+    assert 0.2 < noise.spread < 0.4 and noise.repeats == 24
+    assert Noise().spread == pytest.approx(0.2)  # the prior alone
+    # one run decides a rate only when it is far from the target
+    assert clear(10.0, True, 25.0, 0.2) and not clear(22.0, True, 25.0, 0.2)
+    assert clear(None, False, 25.0, 0.2) and clear(40.0, False, 25.0, 0.2) and not clear(28.0, False, 25.0, 0.2)
+    assert majority([True]) is None and majority([True, False]) is None
+    assert majority([True, True]) and majority([False, True, False]) is False
+    # a win needs every pair and a mean gain beyond the noise of the mean
+    assert wins([(10.0, 20.0), (11.0, 21.0)], 0.2)
+    assert not wins([(10.0, 20.0), (22.0, 21.0)], 0.2)  # lost one pair
+    assert not wins([(18.0, 20.0), (18.0, 20.0)], 0.2)  # 10% is within this machine's noise
+    assert wins([(18.0, 20.0), (18.0, 20.0)], 0.03)  # and beyond a quiet one's
+    assert not wins([(math.inf, 20.0), (10.0, 20.0)], 0.2)  # a failed candidate run loses
+    # the rate read from a fitted line: exact on a power law, none without a rising P95
+    points = [(r, 25.0 * (r / 1000) ** 2) for r in (800, 900, 1100, 1200)]
+    assert fitted_rate(points, 25.0) == pytest.approx(1000, rel=1e-6)
+    assert fitted_rate([(800, 10.0), (1200, 10.0)], 25.0) is None
+    assert fitted_rate([(800, 10.0), (800, 12.0)], 25.0) is None
+
+
+def test_trial_length_follows_the_rate_within_its_bounds():
+    probe = Probe()
+    assert probe.window_s(1000) == 3.0  # 3000 requests
+    assert probe.window_s(100) == probe.max_s  # not 30 s: the time budget of one trial
+    assert probe.window_s(5000) == probe.duration_s
+    assert Probe(max_s=3).window_s(300) == 3
+
+
+def test_the_generators_own_stalls_are_taken_out_of_latencies():
+    """A request seen done right after a stall may have waited for the loop: half the stall it was
+    in flight for is its expected wait. One seen done long after the stall waited for the server."""
+    samples = [Sample("default", 0.0, 0.0, 0.026),  # seen 1 ms after the 20 ms stall ended
+               Sample("default", 0.0, 0.0, 0.060),  # still at the server 35 ms after it ended
+               Sample("default", 0.1, 0.1, 0.010), Sample("default", 0.2, 0.2, None, "timeout")]
+    stalls = [(0.005, 0.025)]
+    assert without_stalls(samples, stalls) == pytest.approx([0.016, 0.060, 0.010])
+    assert without_stalls(samples, []) == pytest.approx([0.026, 0.060, 0.010])
 
 
 # -- the online sidecar --------------------------------------------------------------------------

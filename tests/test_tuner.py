@@ -32,7 +32,8 @@ SLOW_SPEC = {
 def _tune(workdir, *args: str, timeout: float = 400):
     spec = write_spec(workdir, SLOW_SPEC)
     done = tritonkit("tune", "--spec", str(spec), "--model", "tunable", "--repo", str(workdir / "repo"),
-                     "--state-dir", str(workdir / "state"), "--out", str(workdir / "out"), *args, timeout=timeout)
+                     "--state-dir", str(workdir / "state"), "--out", str(workdir / "out"),
+                     "--max-trial-s", "3", *args, timeout=timeout)  # 3 s trials: as long as before
     return spec, done
 
 
@@ -63,9 +64,9 @@ def test_offline_meets_the_slo_that_the_spec_misses(workdir, probed):
 
 
 def test_bad_tune_arguments_are_clear_errors(workdir):
-    _, done = _tune(workdir, "--p95-ms", "-1", "--max-trials", "2", timeout=60)
+    _, done = _tune(workdir, "--p95-ms", "-1", "--max-trials", "2", "--margin", "0.9", timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "--p95-ms" in done.stderr and "--max-trials" in done.stderr
+    assert "--p95-ms" in done.stderr and "--max-trials" in done.stderr and "--margin" in done.stderr
     assert not (workdir / "out").exists() and not (workdir / "repo").exists()  # nothing was started or written
 
 

@@ -1,17 +1,21 @@
 """`tritonkit bench tuner`: the tuner against an exhaustive grid over the same knobs, on one server.
 
 The grid is what Model Analyzer's brute-force search does: every combination of max batch, queue
-delay and instance count, each with a rate sweep (doubling from 100 req/s, then the tuner's own
-1.15 steps inside the last bracket, so both find a capacity to the same resolution). The best
-grid point is confirmed by a second measurement exactly as the tuner's winner is, so that neither
-side wins by one lucky short run. Figures: the tuner's confirmed throughput as a percentage of
-the grid's, and its trials and time as percentages of the grid's.
+delay and instance count, each screened by single runs on a rate ladder (doubling from
+GRID_START_RPS, then the tuner's own RATE_STEP inside the last bracket). Both sides then decide by
+the same rules (tuner/noise.py): the grid's GRID_FINALISTS best screened configs get the tuner's
+majority-of-runs sustained rate (`Search.sustained`), and each side's winner is confirmed by the
+same `confirm` (two of three runs). Last, both winners are confirmed again `confirmations` times,
+interleaved (tuner, grid, tuner, grid, ...) so that a drift of the machine hits both: the figures
+are the medians of those, with their spread. Reported: the tuner's figure as a percentage of the
+grid's, and its trials and time as percentages of the grid's.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,15 +26,19 @@ from tritonkit.loadtests.results import SCHEMA
 from tritonkit.spec import Spec
 from tritonkit.tuner.knobs import Knobs, batch_sizes, from_spec, grid
 from tritonkit.tuner.lock import repository_lock
+from tritonkit.tuner.noise import spread_of
 from tritonkit.tuner.offline import RATE_STEP, Score, Search, confirm
 from tritonkit.tuner.run import max_batch_bound, objective_for
+from tritonkit.tuner.settings import DEFAULT_MARGIN
 from tritonkit.tuner.trials import LocalServer, Probe, Trials
 
-GRID_START_RPS = 100.0
+GRID_START_RPS = 200.0  # a coarse ladder: a config that cannot serve this is nowhere near the best
 GRID_MAX_RPS = 6400.0
+GRID_FINALISTS = 3  # screened configs that get the majority-of-runs rate search
 
 
 def grid_capacity(trials: Trials, k: Knobs) -> Score:
+    """One screening run per rung: the last rate that passed, none when the first failed."""
     rate, passed = GRID_START_RPS, None
     while rate <= GRID_MAX_RPS:
         t = trials.run(k, trials.open_load(rate), "grid")
@@ -52,8 +60,9 @@ def grid_capacity(trials: Trials, k: Knobs) -> Score:
 
 def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
                     p95_ms: float | None = None, max_trials: int = 30, probe: Probe | None = None,
+                    margin: float = DEFAULT_MARGIN, confirmations: int = 3,
                     log: Callable[[str], None] = print) -> dict:
-    objective = objective_for(spec, model, p95_ms, None, 0.01)
+    objective = objective_for(spec, model, p95_ms, None, 0.01, margin)
     bound = max_batch_bound(spec, model)
     probe = probe or Probe()
     with repository_lock(repo):
@@ -62,7 +71,7 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
         server.start()
         try:
             def trials() -> Trials:
-                return Trials(server, spec, repo, model, slo_p95_ms=objective.slo_p95_ms,
+                return Trials(server, spec, repo, model, slo_p95_ms=objective.target_p95_ms,
                               max_error_ratio=objective.max_error_ratio, probe=probe, log=log)
 
             log("==== the tuner")
@@ -73,37 +82,60 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
             points = grid(batch_sizes(bound))
             log(f"==== the grid: {len(points)} configs")
             t0, grid_trials = time.perf_counter(), trials()
-            scores = [grid_capacity(grid_trials, k) for k in points]
-            ranked = sorted((s for s in scores if s.rate), key=lambda s: -s.value)
+            screened = sorted((s for s in (grid_capacity(grid_trials, k) for k in points) if s.rate),
+                              key=lambda s: -s.rate)
+            # the same rules as the tuner's from here: majority-of-runs rates, then the same confirmation
+            rules = Search(grid_trials, objective, bound, 10 ** 6, log)
+            log(f"== the grid's {GRID_FINALISTS} best, by the tuner's rules")
+            finalists = [rules.sustained(s.knobs, s.rate, "grid") for s in screened[:GRID_FINALISTS]]
+            ranked = sorted((s for s in finalists if s.passed), key=lambda s: (-s.rate, -s.value))
             grid_best = None
             if ranked:
-                log(f"== confirm the grid's best: {ranked[0].knobs.label()} at {ranked[0].rate:.0f} req/s")
-                grid_best = confirm(grid_trials, [ranked[0].knobs], ranked[0].rate, step_down=True)
+                best = rules.refined(ranked[0])  # the rate read from its runs, as the tuner's winner's is
+                log(f"== confirm the grid's best: {best.knobs.label()} at {best.rate:.0f} req/s")
+                grid_best = confirm(grid_trials, [best.knobs], best.rate, step_down=True, objective=objective)
             grid_s = time.perf_counter() - t0
+
+            log(f"==== both winners confirmed {confirmations} more times, interleaved")
+            judged = trials()
+            sides = {"tuner": tuning.best if tuning.confirmed else None, "grid": grid_best}
+            figures_of: dict[str, list[float]] = {"tuner": [], "grid": []}
+            p95s_of: dict[str, list[float | None]] = {"tuner": [], "grid": []}
+            for _ in range(confirmations):
+                for name, s in sides.items():
+                    if s is not None:
+                        again = confirm(judged, [s.knobs], s.rate, step_down=True, objective=objective)
+                        figures_of[name].append(again.value if again is not None else 0.0)
+                        p95s_of[name].append(again.trial.p95_ms if again is not None else None)
         finally:
             generate(spec, repo, models=[model])
             server.close()
 
-    def rps(s: Score | None) -> float | None:
-        return s.trial.ok_rps if s is not None and s.trial is not None and s.passed else None
+    def side(s: Score | None, trial_list: list, seconds: float, name: str, pick: Score | None = None) -> dict:
+        again = figures_of[name]
+        label = s.knobs.label() if s else (f"{pick.knobs.label()} (unconfirmed)" if pick and pick.passed else None)
+        return {"best": label, "confirmations_p95_ms": p95s_of[name],
+                "confirmed_rps": s.value if s is not None and s.passed else None,
+                "confirmations_rps": again, "rps": statistics.median(again) if again else None,
+                "spread": None if (sp := spread_of(again)) is None else round(sp, 3),
+                "trials": len(trial_list), "seconds": round(seconds, 1)}
 
-    tuner_rps = rps(tuning.best) if tuning.confirmed else None
-    grid_rps = rps(grid_best)
+    t = side(sides["tuner"], tuner_trials.trials, tuner_s, "tuner", tuning.best)
+    g = side(grid_best, grid_trials.trials, grid_s, "grid", ranked[0] if ranked else None)
+    g.update(configs=len(points), best_unconfirmed_rps=ranked[0].value if ranked else None)
+    t.update(noise_spread=tuning.noise_spread, margin=objective.margin)
     figures = {
         "objective": objective.describe(),
-        "tuner": {"best": tuning.best.knobs.label(), "rps": tuner_rps, "trials": len(tuner_trials.trials),
-                  "seconds": round(tuner_s, 1)},
-        "grid": {"configs": len(points), "best": grid_best.knobs.label() if grid_best else None, "rps": grid_rps,
-                 "best_unconfirmed_rps": ranked[0].value if ranked else None,
-                 "trials": len(grid_trials.trials), "seconds": round(grid_s, 1)},
-        "throughput_pct_of_grid": round(100 * tuner_rps / grid_rps, 1) if tuner_rps and grid_rps else None,
-        "trials_pct_of_grid": round(100 * len(tuner_trials.trials) / len(grid_trials.trials), 1),
+        "tuner": t, "grid": g,
+        "throughput_pct_of_grid": round(100 * t["rps"] / g["rps"], 1) if t["rps"] and g["rps"] else None,
+        "trials_pct_of_grid": round(100 * t["trials"] / g["trials"], 1),
         "time_pct_of_grid": round(100 * tuner_s / grid_s, 1),
         "targets": {"throughput_pct_at_least": 95, "trials_pct_at_most": 15},
     }
     bench = {"schema": SCHEMA, "kind": "bench/tuner", "model": model, "figures": figures,
-             "tuner_trials": [t.to_json() for t in tuner_trials.trials],
-             "grid_trials": [t.to_json() for t in grid_trials.trials]}
+             "tuner_trials": [x.to_json() for x in tuner_trials.trials],
+             "grid_trials": [x.to_json() for x in grid_trials.trials],
+             "confirmation_trials": [x.to_json() for x in judged.trials]}
     out_dir = Path(out_dir)
     write_bytes_atomic(out_dir / "bench_tuner.json", json.dumps(bench, indent=2, default=str).encode())
     log(format_tuner_bench(figures))
@@ -112,11 +144,17 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
 
 def format_tuner_bench(f: dict) -> str:
     t, g = f["tuner"], f["grid"]
+
+    def row(name: str, s: dict) -> str:
+        again = ", ".join(f"{x:.0f}" for x in s["confirmations_rps"]) or "-"
+        spread = "-" if s["spread"] is None else f"{100 * s['spread']:.0f}%"
+        return f"{name:<8}{s['best'] or '-':<40}{s['rps'] or 0:>9.0f}{spread:>8}{s['trials']:>8}" \
+               f"{s['seconds']:>9.0f}   {again}"
+
     return "\n".join([
         f"objective: {f['objective']}",
-        f"{'':<8}{'best config':<40}{'req/s':>9}{'trials':>8}{'seconds':>9}",
-        f"{'tuner':<8}{t['best']:<40}{t['rps'] or 0:>9.0f}{t['trials']:>8}{t['seconds']:>9.0f}",
-        f"{'grid':<8}{g['best'] or '-':<40}{g['rps'] or 0:>9.0f}{g['trials']:>8}{g['seconds']:>9.0f}",
+        f"{'':<8}{'best config':<40}{'req/s':>9}{'spread':>8}{'trials':>8}{'seconds':>9}   confirmations (req/s)",
+        row("tuner", t), row("grid", g),
         f"tuner / grid: throughput {f['throughput_pct_of_grid']}%, trials {f['trials_pct_of_grid']}%, "
         f"time {f['time_pct_of_grid']}% (targets: >= 95% of the throughput in <= 15% of the trials)",
     ])

@@ -21,8 +21,9 @@ from tritonkit.tuner.apply import load_verified
 from tritonkit.tuner.bench import run_tuner_bench
 from tritonkit.tuner.online import OnlineSettings, run_online
 from tritonkit.tuner.run import tune_offline
-from tritonkit.tuner.settings import TuneSettings
+from tritonkit.tuner.settings import DEFAULT_MARGIN, TuneSettings
 from tritonkit.tuner.sweep import BATCH_SIZES, sweep
+from tritonkit.tuner.trials import Probe
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:
@@ -39,7 +40,8 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
 def cmd_tune(a: argparse.Namespace) -> int:
     s = TuneSettings(p95_ms=a.p95_ms, rps=a.rps, max_trials=a.max_trials, max_errors=a.max_errors,
-                     max_batch=a.max_batch, interval_s=a.interval, cooldown_s=a.cooldown, duration_s=a.duration)
+                     max_batch=a.max_batch, interval_s=a.interval, cooldown_s=a.cooldown, duration_s=a.duration,
+                     margin=a.margin, max_trial_s=a.max_trial_s)
     if a.online:
         # The sidecar reads the spec for the SLO only: no ONNX file where it runs, so no graph rules.
         spec = parse_spec(a.spec)
@@ -55,7 +57,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
     spec = load_spec(a.spec, repo)  # a model `tritonkit build` prepared is tuned as built
     result = tune_offline(spec, a.model, repo, a.state_dir, a.out, p95_ms=s.p95_ms, rps=s.rps,
                           max_trials=s.max_trials, max_error_ratio=s.max_errors, max_batch=s.max_batch,
-                          input_data=a.input_data, log=say)
+                          input_data=a.input_data, margin=s.margin, probe=Probe(max_s=s.max_trial_s), log=say)
     t = result.tuning
     say(f"\nbefore: {t.baseline.knobs.label()}  ->  after: {t.best.knobs.label()}")
     for name in ("report.md", "trials.json", "tuned.yaml"):
@@ -72,9 +74,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
         run_bench(a.out, seconds=a.seconds, users=a.users, rate=a.rate, log=say)
         say(f"wrote {a.out / 'bench.json'}")
     elif a.what == "tuner":
+        s = TuneSettings(max_trials=a.max_trials, margin=a.margin, max_trial_s=a.max_trial_s)
+        raise_flag_problems([("--confirmations", a.confirmations >= 1, "confirm each winner at least once, e.g. 3")])
         spec = load_spec(a.spec, a.repo)
         model = a.model or spec.models[0].name
-        run_tuner_bench(spec, model, a.repo, a.state_dir, a.out, max_trials=a.max_trials, log=say)
+        run_tuner_bench(spec, model, a.repo, a.state_dir, a.out, max_trials=s.max_trials, margin=s.margin,
+                        probe=Probe(max_s=s.max_trial_s), confirmations=a.confirmations, log=say)
         say(f"wrote {a.out / 'bench_tuner.json'}")
     elif a.what == "overload":
         spec = load_spec(a.spec, a.repo)
@@ -126,6 +131,7 @@ def register(sub) -> None:
     sp.add_argument("--max-errors", type=float, default=0.01, help="offline: error ratio a trial may have")
     sp.add_argument("--max-batch", type=int, help="offline: the largest max batch to try (default: the spec's; "
                                                   "never above the memory plan's bound)")
+    _noise_args(sp)
     sp.add_argument("--repo", type=Path, help=f"the model repository (offline default: {DEFAULT_REPO}; online: "
                                                "accepted configs are also written there, so a restart keeps them)")
     sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
@@ -156,6 +162,9 @@ def register(sub) -> None:
     sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
     sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
     sp.add_argument("--max-trials", type=int, default=30, help="tuner: the tuner's trial budget")
+    _noise_args(sp)
+    sp.add_argument("--confirmations", type=int, default=3,
+                    help="tuner: how many times each side's winner is confirmed, for the spread of its figure")
     sp.add_argument("--out", type=Path, default=Path("out/bench"))
     sp.add_argument("--seconds", type=float, default=5.0, help="steady window of each run")
     sp.add_argument("--users", type=int, default=16, help="closed-loop clients for the capacity runs")
@@ -169,3 +178,12 @@ def register(sub) -> None:
     sp.add_argument("--delay-ms", type=float, default=15.0, help="routing: the cloud link's delay, each way")
     sp.add_argument("--phase-s", type=float, default=3.0, help="routing: seconds per phase of a step run")
     sp.set_defaults(func=cmd_bench)
+
+
+def _noise_args(sp) -> None:
+    sp.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                    help="offline: share of the SLO held back; trials must meet the SLO times (1 - margin) "
+                         f"(default {DEFAULT_MARGIN})")
+    sp.add_argument("--max-trial-s", type=float, default=8.0,
+                    help="offline: the longest steady window of one trial (each holds about 3000 requests "
+                         "at its rate, within this)")

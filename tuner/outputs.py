@@ -28,7 +28,8 @@ from tritonkit.tuner.offline import Score, Tuning  # noqa: E402
 from tritonkit.tuner.trials import Trial  # noqa: E402
 
 CSV_KEYS = ("n", "phase", "label", "rate", "requests", "ok_rps", "p50_ms", "p95_ms", "p99_ms", "error_ratio",
-            "mean_batch", "passed", "seconds", "note")
+            "mean_batch", "passed", "seconds", "note", "client_p95_ms", "server_ms", "overhead_ms", "stalled_ms",
+            "generator_limited")
 
 
 def _score(s: Score) -> dict:
@@ -41,7 +42,9 @@ def log_json(model: str, tuning: Tuning, trials: list[Trial], seconds: float) ->
     return {
         "schema": SCHEMA, "kind": "tuner/trials", "model": model,
         "objective": {"kind": tuning.objective.kind, "slo_p95_ms": tuning.objective.slo_p95_ms,
+                      "margin": tuning.objective.margin, "target_p95_ms": round(tuning.objective.target_p95_ms, 3),
                       "rps": tuning.objective.rps, "max_error_ratio": tuning.objective.max_error_ratio},
+        "noise": {"p95_spread": tuning.noise_spread, "repeated_runs": tuning.noise_repeats},
         "bound": tuning.bound,
         "cost_model": tuning.cost_model.to_json() if tuning.cost_model else None,
         "baseline": _score(tuning.baseline), "best": _score(tuning.best), "confirmed": tuning.confirmed,
@@ -66,7 +69,7 @@ def write_log(out_dir: Path, log: dict) -> dict[str, Path]:
     w = csv.DictWriter(buf, fieldnames=[*CSV_KEYS, "errors"])
     w.writeheader()
     for t in log["trials"]:  # a stopped run's log has the trials too
-        w.writerow({**{k: t[k] for k in CSV_KEYS}, "errors": json.dumps(t["errors"])})
+        w.writerow({**{k: t.get(k) for k in CSV_KEYS}, "errors": json.dumps(t["errors"])})
     write_bytes_atomic(files["trials.csv"], buf.getvalue().encode())
     return files
 
@@ -93,7 +96,7 @@ def write_tuned(spec: Spec, model: str, k: Knobs) -> Path:
 def plot_trials(path: Path, trials: list[Trial], tuning: Tuning) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for phase, marker in (("baseline", "s"), ("calibrate", "x"), ("start", "D"), ("neighbour", "o"),
-                          ("overload", "v"), ("confirm", "*")):
+                          ("incumbent", "P"), ("overload", "v"), ("confirm", "*")):
         pts = [(t.ok_rps, t.p95_ms) for t in trials if t.phase == phase and t.p95_ms is not None]
         if pts:
             ax.scatter(*zip(*pts), marker=marker, label=phase, alpha=0.75)
@@ -131,6 +134,18 @@ def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial],
              line("before", b), line("after", w), "",
              f"Confirmed by a second measurement: {'yes' if tuning.confirmed else 'no'}. "
              f"Search stopped: {tuning.stopped_because}. {len(trials)} trials in {log['seconds']:.0f} s.", ""]
+    o = tuning.objective
+    if o.margin:
+        lines += [f"Margin: every trial had to meet P95 <= {o.target_p95_ms:.3g} ms, the SLO less {o.margin:.0%}, "
+                  f"so that the written config still meets {o.slo_p95_ms:g} ms on a slower minute.", ""]
+    if tuning.noise_spread is not None:
+        lines += [f"Noise: the P95 of one config at one rate varied by {tuning.noise_spread:.0%} (log standard "
+                  f"deviation) from run to run on this machine, from {tuning.noise_repeats} repeated runs; a "
+                  "neighbour was kept only when it beat the incumbent in interleaved runs by more than that.", ""]
+    limited = [t.n for t in trials if t.generator_limited]
+    if limited:
+        lines += [f"The load generator, not the server, limited trials {', '.join(map(str, limited))} (see their "
+                  "notes); the P95 decided on leaves out the time the generator itself stalled.", ""]
     if cm:
         lines += [f"Cost model from calibration: T(B) = {cm.c_fixed_ms:.3f} ms + B × {cm.c_per_ms:.3f} ms.", ""]
     for o in tuning.overload:
@@ -138,12 +153,14 @@ def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial],
                   f"P95 of served requests {o.p95_ms if o.p95_ms is not None else '-'} ms, errors {o.errors}.", ""]
     if tuning.policy_note:
         lines += [f"Queue policy: {tuning.policy_note}.", ""]
-    lines += ["![trials](trials.png)", "", "| # | phase | config | load | req/s | P95 ms | errors | pass |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["![trials](trials.png)", "",
+              "| # | phase | config | load | req/s | P95 ms | client P95 ms | server mean ms | errors | pass | note |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for t in trials:
-        p95 = "-" if t.p95_ms is None else f"{t.p95_ms:.2f}"
-        lines.append(f"| {t.n} | {t.phase} | {t.label} | {t.load} | {t.ok_rps:.0f} | {p95} | "
-                     f"{100 * t.error_ratio:.1f}% | {'yes' if t.passed else 'no'} |")
+        p95, client = ("-" if v is None else f"{v:.2f}" for v in (t.p95_ms, t.client_p95_ms))
+        server = "-" if t.server_ms is None else f"{t.server_ms:.2f}"
+        lines.append(f"| {t.n} | {t.phase} | {t.label} | {t.load} | {t.ok_rps:.0f} | {p95} | {client} | {server} | "
+                     f"{100 * t.error_ratio:.1f}% | {'yes' if t.passed else 'no'} | {t.note} |")
     path = Path(out_dir) / "report.md"
     write_bytes_atomic(path, ("\n".join(lines) + "\n").encode())
     return path

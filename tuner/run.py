@@ -21,6 +21,7 @@ from tritonkit.tuner import outputs
 from tritonkit.tuner.knobs import from_spec
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.offline import Objective, Search, Tuning
+from tritonkit.tuner.settings import DEFAULT_MARGIN
 from tritonkit.tuner.trials import LocalServer, Probe, Trials
 
 
@@ -43,23 +44,24 @@ def max_batch_bound(spec: Spec, model: str, limit: int | None = None) -> int:
 
 
 def objective_for(spec: Spec, model: str, p95_ms: float | None, rps: float | None,
-                  max_error_ratio: float) -> Objective:
+                  max_error_ratio: float, margin: float = DEFAULT_MARGIN) -> Objective:
     m = spec.model(model)
     slo = p95_ms or m.slo.p95_ms
     if not slo:
         raise InputError([Problem(spec.shown, f"models[{spec.models.index(m)}].slo.p95_ms",
                                   "the tuner needs a P95 SLO", "set slo.p95_ms in the spec or pass --p95-ms")])
-    return Objective(slo, rps, max_error_ratio)
+    return Objective(slo, rps, max_error_ratio, margin)
 
 
 def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
                  p95_ms: float | None = None, rps: float | None = None, max_trials: int = 30,
                  max_error_ratio: float = 0.01, max_batch: int | None = None, probe: Probe | None = None,
+                 margin: float = DEFAULT_MARGIN,
                  write_decision: bool = True, input_data: Path | None = None,
                  log: Callable[[str], None] = print) -> TuneResult:
     """`spec` is the command's resolved spec (configs.loader, against `repo`): a model that
     `tritonkit build` prepared is tuned as built."""
-    objective = objective_for(spec, model, p95_ms, rps, max_error_ratio)
+    objective = objective_for(spec, model, p95_ms, rps, max_error_ratio, margin)
     bound = max_batch_bound(spec, model, max_batch)
     t0 = time.perf_counter()
     traits = known(state_dir, log)  # what the server does with a bounded queue, probed once per version
@@ -68,7 +70,7 @@ def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: P
         generate(spec, repo)
         server = LocalServer(spec, repo, state_dir, model, log)
         server.start()
-        trials = Trials(server, spec, repo, model, slo_p95_ms=objective.slo_p95_ms,
+        trials = Trials(server, spec, repo, model, slo_p95_ms=objective.target_p95_ms,
                         max_error_ratio=objective.max_error_ratio, probe=probe or Probe(), log=log,
                         input_data=input_data)
         tuning = None

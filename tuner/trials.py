@@ -19,21 +19,30 @@ from pathlib import Path
 
 from tritonkit.errors import InputError, KitError
 from tritonkit.loadtests.asyncgen import run_load
-from tritonkit.loadtests.load import Load, RequestClass
+from tritonkit.loadtests.load import Load, Outcome, RequestClass
 from tritonkit.loadtests.results import build_result
+from tritonkit.loadtests.stalls import without_stalls
 from tritonkit.serving import Running, running
 from tritonkit.spec import Spec
+from tritonkit.stats import percentile
 from tritonkit.tuner.apply import LiveConfig
 from tritonkit.tuner.knobs import Knobs
 
 
 @dataclass(frozen=True)
 class Probe:
-    """How long each measurement runs; short, since the search runs many."""
+    """How long each measurement runs. The steady window holds about `requests` requests at the
+    trial's rate, so that its P95 rests on enough of them (a P95 of 500 requests is 25 of them),
+    but never less than `duration_s` nor more than `max_s` (the time budget of one trial)."""
 
     warmup_s: float = 0.5
-    duration_s: float = 3.0
+    duration_s: float = 2.0
     drain_s: float = 2.0
+    requests: int = 3000
+    max_s: float = 8.0
+
+    def window_s(self, rate: float) -> float:
+        return round(min(self.max_s, max(self.duration_s, self.requests / rate)), 2)
 
 
 @dataclass
@@ -47,12 +56,17 @@ class Trial:
     requests: int = 0
     ok_rps: float = 0.0
     p50_ms: float | None = None
-    p95_ms: float | None = None
+    p95_ms: float | None = None  # what the tuner decides on: the client's, less the generator's own stalls
     p99_ms: float | None = None
+    client_p95_ms: float | None = None  # as the client saw it, stalls included
+    server_ms: float | None = None  # Triton's mean request latency (statistics): queue and compute
+    overhead_ms: float | None = None  # client mean minus server mean: network, gRPC, the client
+    stalled_ms: float = 0.0  # how long the generator's loop did not run in the trial
+    generator_limited: bool = False  # the generator, not the server, limited this trial
+    offered: bool = True  # False when the generator could not send the trial's rate (nothing to judge)
     error_ratio: float = 0.0
     errors: dict = field(default_factory=dict)
     mean_batch: float | None = None
-    overhead_ms: float | None = None  # what the client saw minus Triton's own time per request
     passed: bool = False
     seconds: float = 0.0
     note: str = ""
@@ -97,6 +111,7 @@ class Trials:
                  max_error_ratio: float, probe: Probe, log: Callable[[str], None], input_data: Path | None = None):
         self.server, self.spec, self.repo, self.model = server, spec, repo, model
         self.input_data = input_data  # real request data the trials send, else the model's generated inputs
+        # slo_p95_ms: the P95 a trial must meet, the tuner's target (the SLO less its margin)
         self.slo_p95_ms, self.max_error_ratio, self.probe_cfg, self.log = slo_p95_ms, max_error_ratio, probe, log
         self.trials: list[Trial] = []
         self.current: Knobs | None = None
@@ -136,7 +151,7 @@ class Trials:
                 classes = classes or [RequestClass()]
                 out = asyncio.run(run_load(self.server.r.endpoints.grpc, self.model, load, classes,
                                            input_data=self.input_data))
-                self._fill(trial, build_result(self.model, load, classes, out))
+                self._fill(trial, build_result(self.model, load, classes, out), out)
                 trial.batch_stats = (out.stats_before or {}, out.stats_after or {})
                 self.good = k
                 self.live.keep()
@@ -150,35 +165,52 @@ class Trials:
         trial.seconds = round(time.perf_counter() - t0, 2)
         self.trials.append(trial)
         p95 = "-" if trial.p95_ms is None else f"{trial.p95_ms:.1f}"
-        self.log(f"  trial {trial.n:>3} {phase:<10} {k.label()}  {load.describe():<44} "
+        self.log(f"  trial {trial.n:>3} {phase:<10} {k.label()}  {load.describe():<44} {load.duration_s:4.1f} s "
                  f"{trial.ok_rps:7.0f} req/s  P95 {p95:>6} ms  err {100 * trial.error_ratio:4.1f}%  "
                  f"{'pass' if trial.passed else 'fail'}{'  (' + trial.note + ')' if trial.note else ''}")
         return trial
 
-    def _fill(self, t: Trial, result: dict) -> None:
+    def _fill(self, t: Trial, result: dict, out: Outcome) -> None:
         o = result["overall"]
         t.requests = o["requests"]
         t.ok_rps = round(o["throughput_rps"], 1)
-        for q in ("p50", "p95", "p99"):
+        for q in ("p50", "p99"):
             v = o[f"{q}_ms"]
             setattr(t, f"{q}_ms", None if v != v else round(v, 3))  # NaN when nothing succeeded
+        t.client_p95_ms = None if o["p95_ms"] != o["p95_ms"] else round(o["p95_ms"], 3)
+        # The figure decided on: each request's latency less the generator's stalls while it was in
+        # flight (loadtests/stalls.py), so that a hiccup of the generator does not fail a good config.
+        own = without_stalls(out.samples, out.stalls)
+        t.p95_ms = round(percentile(own, 95) * 1e3, 3) if own else None
+        t.stalled_ms = round(1e3 * sum(b - a for a, b in out.stalls), 1)
+        t.server_ms = _round(result["server"].get("request_ms"))
+        t.overhead_ms = _round(result["client_overhead_ms"])
         t.errors = o["errors"]
         t.error_ratio = round(sum(o["errors"].values()) / o["requests"], 4) if o["requests"] else 1.0
         t.mean_batch = result["server"].get("mean_batch")
-        if result["client_overhead_ms"] is not None:
-            t.overhead_ms = round(result["client_overhead_ms"], 3)
-        # On a shared machine the generator's sends lag when the server is busy; only a rate it
-        # failed to offer makes the trial meaningless.
-        short = t.rate is not None and result["generator"]["achieved_rate"] < 0.9 * t.rate
+        gen = result["generator"]
+        # A rate the generator failed to offer makes the trial meaningless; stalls that moved the
+        # client's P95 by more than 10% are taken out, and both are said.
+        short = t.rate is not None and gen["achieved_rate"] < 0.9 * t.rate
+        hiccup = t.p95_ms is not None and t.client_p95_ms is not None and t.client_p95_ms > 1.1 * t.p95_ms
+        t.offered = not short
+        t.generator_limited = bool(short or gen["saturated"] or hiccup)
         if short:
-            t.note = "generator-limited"
+            t.note = f"generator-limited: sent {gen['achieved_rate']:.0f} of {t.rate:.0f} req/s"
+        elif t.generator_limited:
+            t.note = (f"generator-limited: stalled {t.stalled_ms:.0f} ms, client P95 {t.client_p95_ms:.1f} ms "
+                      f"with its stalls")
         t.passed = (t.p95_ms is not None and t.p95_ms <= self.slo_p95_ms and t.error_ratio <= self.max_error_ratio
                     and not short)
 
     def open_load(self, rate: float) -> Load:
         p = self.probe_cfg
-        return Load(rate=rate, duration_s=p.duration_s, warmup_s=p.warmup_s, drain_s=p.drain_s)
+        return Load(rate=rate, duration_s=p.window_s(rate), warmup_s=p.warmup_s, drain_s=p.drain_s)
 
     def closed_load(self, clients: int, seconds: float | None = None) -> Load:
         p = self.probe_cfg
         return Load(concurrency=clients, duration_s=seconds or p.duration_s, warmup_s=p.warmup_s, drain_s=p.drain_s)
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None or v != v else round(v, 3)

@@ -1,0 +1,110 @@
+"""How far one short measurement can be trusted on the machine at hand, and the rules that decide
+with it. Near capacity, on a shared box, the P95 of one 3 s run of one config at one rate can
+differ from the next run's by half (issue #15); every keep/revert and every sustained rate here
+therefore rests on repeated runs, judged against the measured run-to-run spread.
+
+- The spread: the standard deviation of log P95 between repeated runs of one config at one rate,
+  pooled over every (config, rate) measured more than once in this tuning, shrunk toward a prior
+  while few repeats exist. Log, so that it is relative: 0.2 means runs are typically 20% apart.
+- A run is clear when its P95 is more than two spreads from the target: that one run decides.
+  Otherwise up to three runs at that rate, and the majority decides.
+- A candidate beats the incumbent only in interleaved runs (C I I C: a machine that drifts
+  linearly over the four runs hits both sides alike), when it is faster in every pair and its
+  mean gain is larger than the noise of that mean.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+PRIOR_SPREAD = 0.2  # issue #15's repeated runs near capacity on a shared 2-core box: 0.1 to 0.4
+PRIOR_WEIGHT = 2.0  # the prior counts as this many repeats until the machine's own come in
+MIN_SPREAD = 0.03  # a P95 of a few thousand requests is never more exact than this
+CLEAR = 2.0  # spreads from the target at which one run decides
+Z = 1.64  # one-sided 95%: a candidate's gain must be this many standard errors
+MIN_GAIN = 0.05  # and at least this much (log P95), however quiet the machine
+RUNS = 3  # runs at most for a majority verdict
+
+
+@dataclass
+class Noise:
+    """Log P95s of the runs measured so far, grouped by what was measured (config and rate)."""
+
+    runs: dict[Hashable, list[float]] = field(default_factory=dict)
+
+    def observe(self, key: Hashable, p95_ms: float | None) -> None:
+        if p95_ms is not None and p95_ms > 0 and math.isfinite(p95_ms):
+            self.runs.setdefault(key, []).append(math.log(p95_ms))
+
+    @property
+    def repeats(self) -> int:
+        """Degrees of freedom behind the estimate: runs beyond the first of each group."""
+        return sum(len(xs) - 1 for xs in self.runs.values() if len(xs) > 1)
+
+    @property
+    def spread(self) -> float:
+        ss = 0.0
+        for xs in self.runs.values():
+            if len(xs) > 1:
+                m = sum(xs) / len(xs)
+                ss += sum((x - m) ** 2 for x in xs)
+        return max(MIN_SPREAD, math.sqrt((PRIOR_WEIGHT * PRIOR_SPREAD ** 2 + ss) / (PRIOR_WEIGHT + self.repeats)))
+
+    def typical(self, key: Hashable) -> float | None:
+        """The median P95 measured for `key`, None when never measured."""
+        xs = self.runs.get(key)
+        return math.exp(statistics.median(xs)) if xs else None
+
+
+def clear(p95_ms: float | None, passed: bool, target_ms: float, spread: float) -> bool:
+    """Does one run decide its rate? A fail with no latency or too many errors does; otherwise a
+    P95 more than CLEAR spreads from the target, on the side its verdict says."""
+    if p95_ms is None or not math.isfinite(p95_ms):
+        return not passed
+    distance = math.log(p95_ms / target_ms)
+    return distance < -CLEAR * spread if passed else distance > CLEAR * spread
+
+
+def majority(verdicts: list[bool]) -> bool | None:
+    """True or False once a majority of RUNS runs agree; None while undecided."""
+    passes = sum(verdicts)
+    if passes > RUNS // 2:
+        return True
+    if len(verdicts) - passes > RUNS // 2:
+        return False
+    return None
+
+
+def wins(pairs: list[tuple[float, float]], spread: float) -> bool:
+    """(candidate P95, incumbent P95) of runs measured next to each other (math.inf: the run
+    failed). The candidate wins when it is faster in every pair and its mean log gain exceeds
+    Z standard errors of a mean of paired differences (each pair: two runs of `spread`)."""
+    if not pairs or any(not math.isfinite(c) for c, _ in pairs):
+        return False
+    gains = [math.log(i / c) if math.isfinite(i) else math.inf for c, i in pairs]
+    needed = max(MIN_GAIN, Z * spread * math.sqrt(2 / len(pairs)))
+    return all(g > 0 for g in gains) and sum(gains) / len(gains) > needed
+
+
+def fitted_rate(points: list[tuple[float, float]], target_ms: float) -> float | None:
+    """(rate, P95 ms) runs of one config: the rate at which a least-squares line of log P95 on log
+    rate reaches the target. Pooling several runs at several rates averages their noise away, where
+    a rung of the ladder is a yes/no of two or three runs. None without two rates or a rising line."""
+    pts = [(math.log(r), math.log(p)) for r, p in points if r > 0 and p is not None and 0 < p < math.inf]
+    if len({x for x, _ in pts}) < 2:
+        return None
+    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    if slope < 0.1:  # P95 barely moves with the rate here: no edge to read
+        return None
+    return math.exp(mx + (math.log(target_ms) - my) / slope)
+
+
+def spread_of(values: list[float]) -> float | None:
+    """(max - min) / median of repeated figures: what a user sees between two runs."""
+    if len(values) < 2:
+        return None
+    return (max(values) - min(values)) / statistics.median(values)
