@@ -72,7 +72,7 @@ def protect(k: Knobs, b: Batching, budget: Budget, capacity_rps: float,
     timeout_us = int(budget.queue_ms * 1e3)
     drained = capacity_rps * budget.queue_ms / 1e3  # requests the server serves within the budget
     default_level = b.default_priority if b.priority_levels else 0
-    above = [lv for lv in range(1, default_level)]  # levels served before the default one
+    above = list(range(1, default_level))  # levels served before the default one
 
     def bounded(share: float) -> QueuePolicy:
         size = max(k.items, math.floor(drained * share))
