@@ -31,10 +31,9 @@ from tritonkit.configs.generate import generate
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, Outcome, RequestClass, generator_health
-from tritonkit.loadtests.results import SCHEMA
+from tritonkit.loadtests.results import SCHEMA, class_summary
 from tritonkit.serving import running
 from tritonkit.spec import Spec
-from tritonkit.stats import percentile
 
 FACTORS = (0.8, 1.5, 3.0)
 CLASSES = [RequestClass("interactive", weight=1, priority=1), RequestClass("bulk", weight=3, priority=0)]
@@ -51,24 +50,20 @@ def _renamed(spec: Spec, model: str, name: str, free: bool = False):
 
 
 def summarize(out: Outcome, load: Load, capacity: float, slo_ms: float) -> dict:
-    seconds = load.duration_s
+    """One row: the result schema's class summaries (loadtests/results.py), plus goodput within the SLO."""
+    def p95(summary: dict) -> float | None:
+        return None if summary["p95_ms"] != summary["p95_ms"] else summary["p95_ms"]  # NaN: none answered
+
+    overall = class_summary(out.samples, load.duration_s)
     rows = {}
     for c in CLASSES:
-        mine = [s for s in out.samples if s.cls == c.name]
-        ok = [s.latency_s * 1e3 for s in mine if s.latency_s is not None]
-        rows[c.name] = {"requests": len(mine), "ok": len(ok), "p95_ms": percentile(ok, 95) if ok else None}
-    ok_ms = [s.latency_s * 1e3 for s in out.samples if s.latency_s is not None]
-    failed_ms = [s.failed_after_s * 1e3 for s in out.samples if s.failed_after_s is not None]
-    errors: dict[str, int] = {}
-    for s in out.samples:
-        if s.kind:
-            errors[s.kind] = errors.get(s.kind, 0) + 1
-    within = sum(1 for v in ok_ms if v <= slo_ms) / seconds
+        cs = class_summary([s for s in out.samples if s.cls == c.name], load.duration_s)
+        rows[c.name] = {"requests": cs["requests"], "ok": cs["ok"], "p95_ms": p95(cs)}
+    within = sum(1 for s in out.samples if s.latency_s is not None and s.latency_s * 1e3 <= slo_ms) / load.duration_s
     health = generator_health(load, out)
     return {"offered_rps": load.rate, "goodput_rps": round(within, 1),
             "goodput_ratio": round(within / capacity, 3) if capacity else None,
-            "classes": rows, "errors": errors,
-            "rejection_p95_ms": percentile(failed_ms, 95) if failed_ms else None,
+            "classes": rows, "errors": overall["errors"], "rejection_p95_ms": overall["failed_p95_ms"],
             "generator_limited": bool(health["warning"]), "generator_warning": health["warning"]}
 
 

@@ -27,6 +27,7 @@ from tritonkit.configs.generate import generate
 from tritonkit.configs.loader import load_spec
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, Outcome
+from tritonkit.loadtests.results import class_summary
 from tritonkit.server import find_install, read_state
 from tritonkit.server_traits import ServerTraits
 from tritonkit.serving import running
@@ -57,7 +58,7 @@ def _spec_yaml() -> dict:
 
 
 def _ok_rps(out: Outcome, seconds: float) -> float:
-    return sum(1 for s in out.samples if s.latency_s is not None) / seconds
+    return class_summary(out.samples, seconds)["throughput_rps"]
 
 
 def _max_s(out: Outcome) -> float:
