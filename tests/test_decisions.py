@@ -24,10 +24,11 @@ from tritonkit.loadtests.routing_bench import Sent, share, switch_time
 from tritonkit.loadtests.stalls import without_stalls
 from tritonkit.server_traits import ServerTraits
 from tritonkit.spec import Batching, ModelSpec, QueuePolicy
+from tritonkit.tuner.bench import JUDGE_STEP, judge
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import DELAYS_US, Knobs, batch_sizes, grid
 from tritonkit.tuner.noise import Noise, clear, fitted_rate, majority, wins
-from tritonkit.tuner.offline import RATE_STEP, Objective, Search, predict_p95
+from tritonkit.tuner.offline import RATE_STEP, Objective, Score, Search, predict_p95
 from tritonkit.tuner.online import Controller, OnlineSettings, Window
 from tritonkit.tuner.protect import Budget, protect
 from tritonkit.tuner.trials import Probe, Trial
@@ -253,6 +254,27 @@ def test_on_a_noisy_machine_the_picks_are_stable_and_meet_the_slo():
     assert all(median / RATE_STEP ** 2 <= r <= median * RATE_STEP ** 2 for r in rates), rates
     assert all(predict_p95(WORLD, k, r) <= SLO_MS for k, r in picks)
     assert median >= 0.75 * max(best_sustained(k) for k in grid(batch_sizes(16)))
+
+
+def test_the_bench_measures_both_winners_at_the_same_rates():
+    """bench tuner's last word: the same config claimed at two rates a rung apart gets one figure
+    (the claim does not decide it), and of two configs the one that sustains more gets more."""
+    objective = Objective(SLO_MS)
+    k = Knobs(16, 2000, 2)
+    edge = best_sustained(k)
+    sides = {"tuner": Score(k, edge, edge / RATE_STEP, None), "grid": Score(k, edge, edge, None)}
+    sim = SimulatedTrials()
+    figures, p95s = judge(sim, sides, objective, 2, log=lambda s: None)
+    assert figures["tuner"] == figures["grid"] and len(figures["tuner"]) == 2
+    assert edge / JUDGE_STEP <= figures["tuner"][0] <= edge * RATE_STEP  # within a 5% step of WORLD's edge
+    assert all(p <= SLO_MS for p in p95s["tuner"] + p95s["grid"])
+    labels = [t.label for t in sim.trials]
+    assert labels[:2] == [k.label(), k.label()]  # interleaved: each rate is run for both sides
+
+    slower = Knobs(2, 0, 1)
+    sides = {"tuner": Score(slower, 1.0, edge, None), "grid": Score(k, edge, edge, None)}
+    figures, _ = judge(SimulatedTrials(), sides, objective, 1, log=lambda s: None)
+    assert 0 <= figures["tuner"][0] < figures["grid"][0], figures
 
 
 class LuckyOnce(SimulatedTrials):

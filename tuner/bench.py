@@ -5,10 +5,11 @@ delay and instance count, each screened by single runs on a rate ladder (doublin
 GRID_START_RPS, then the tuner's own RATE_STEP inside the last bracket). Both sides then decide by
 the same rules (tuner/noise.py): the grid's GRID_FINALISTS best screened configs get the tuner's
 majority-of-runs sustained rate (`Search.sustained`), and each side's winner is confirmed by the
-same `confirm` (two of three runs). Last, both winners are confirmed again `confirmations` times,
-interleaved (tuner, grid, tuner, grid, ...) so that a drift of the machine hits both: the figures
-are the medians of those, with their spread. Reported: the tuner's figure as a percentage of the
-grid's, and its trials and time as percentages of the grid's.
+same `confirm` (two of three runs). Last, both winners are measured again `confirmations` times by
+`judge`: at the same rates, run for run interleaved (tuner, grid, tuner, ...), so that a drift of
+the machine hits both: the figures are the medians of those, with their spread. Reported: the
+tuner's figure as a percentage of the grid's, its trials and time as percentages of the grid's,
+and each search's own confirmed rate (what `tritonkit tune` would have written).
 """
 
 from __future__ import annotations
@@ -26,15 +27,18 @@ from tritonkit.loadtests.results import SCHEMA
 from tritonkit.spec import Spec
 from tritonkit.tuner.knobs import Knobs, batch_sizes, from_spec, grid
 from tritonkit.tuner.lock import repository_lock
-from tritonkit.tuner.noise import spread_of
-from tritonkit.tuner.offline import RATE_STEP, Score, Search, confirm
+from tritonkit.tuner.noise import majority, spread_of
+from tritonkit.tuner.offline import RATE_STEP, Objective, Score, Search, confirm, meets_slo
 from tritonkit.tuner.run import max_batch_bound, objective_for
 from tritonkit.tuner.settings import DEFAULT_MARGIN
-from tritonkit.tuner.trials import LocalServer, Probe, Trials
+from tritonkit.tuner.trials import LocalServer, Probe, Trial, Trials
 
 GRID_START_RPS = 200.0  # a coarse ladder: a config that cannot serve this is nowhere near the best
 GRID_MAX_RPS = 6400.0
 GRID_FINALISTS = 3  # screened configs that get the majority-of-runs rate search
+# The bench's own figures step by 5%, finer than the search's ladder: two configs measured at the
+# same rates then differ by what they sustain, not by a 15% rung one of them happened to miss.
+JUDGE_STEP = 1.05
 
 
 def grid_capacity(trials: Trials, k: Knobs) -> Score:
@@ -96,17 +100,10 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
                 grid_best = confirm(grid_trials, [best.knobs], best.rate, step_down=True, objective=objective)
             grid_s = time.perf_counter() - t0
 
-            log(f"==== both winners confirmed {confirmations} more times, interleaved")
+            log(f"==== both winners measured {confirmations} more times, interleaved, at the same rates")
             judged = trials()
             sides = {"tuner": tuning.best if tuning.confirmed else None, "grid": grid_best}
-            figures_of: dict[str, list[float]] = {"tuner": [], "grid": []}
-            p95s_of: dict[str, list[float | None]] = {"tuner": [], "grid": []}
-            for _ in range(confirmations):
-                for name, s in sides.items():
-                    if s is not None:
-                        again = confirm(judged, [s.knobs], s.rate, step_down=True, objective=objective)
-                        figures_of[name].append(again.value if again is not None else 0.0)
-                        p95s_of[name].append(again.trial.p95_ms if again is not None else None)
+            figures_of, p95s_of = judge(judged, sides, objective, confirmations, log)
         finally:
             generate(spec, repo, models=[model])
             server.close()
@@ -128,6 +125,8 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
         "objective": objective.describe(),
         "tuner": t, "grid": g,
         "throughput_pct_of_grid": round(100 * t["rps"] / g["rps"], 1) if t["rps"] and g["rps"] else None,
+        "confirmed_pct_of_grid": round(100 * t["confirmed_rps"] / g["confirmed_rps"], 1)
+        if t["confirmed_rps"] and g["confirmed_rps"] else None,
         "trials_pct_of_grid": round(100 * t["trials"] / g["trials"], 1),
         "time_pct_of_grid": round(100 * tuner_s / grid_s, 1),
         "targets": {"throughput_pct_at_least": 95, "trials_pct_at_most": 15},
@@ -140,6 +139,43 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
     write_bytes_atomic(out_dir / "bench_tuner.json", json.dumps(bench, indent=2, default=str).encode())
     log(format_tuner_bench(figures))
     return bench
+
+
+def judge(trials: Trials, sides: dict[str, Score | None], objective: Objective, times: int,
+          log: Callable[[str], None]) -> tuple[dict[str, list[float]], dict[str, list[float | None]]]:
+    """What each side's config sustains, measured `times` times by one rule: from the higher of the
+    two confirmed rates down in steps of JUDGE_STEP, run for run interleaved (tuner, grid, tuner,
+    ...) at each rate, a side's figure is the first rate where two of three of its runs meet the
+    SLO. Both configs meet the same rates and the same minute of the machine, so a difference is
+    the configs', not the luck of where each search's rate ladder ended; 0 where none held."""
+    present = {name: s for name, s in sides.items() if s is not None}
+    figures: dict[str, list[float]] = {name: [] for name in sides}
+    p95s: dict[str, list[float | None]] = {name: [] for name in sides}
+    if not present:
+        return figures, p95s
+    start = max(s.rate for s in present.values())
+    floor = min(s.rate for s in present.values()) / RATE_STEP ** 2
+    for _ in range(times):
+        pending, rate = dict(present), start
+        while pending and rate >= floor:
+            runs: dict[str, list[Trial]] = {name: [] for name in pending}
+            verdicts: dict[str, bool] = {}
+            while len(verdicts) < len(pending):
+                for name, s in pending.items():
+                    if name not in verdicts:
+                        runs[name].append(trials.run(s.knobs, trials.open_load(rate), "confirm"))
+                        if (v := majority([meets_slo(t, objective) for t in runs[name]])) is not None:
+                            verdicts[name] = v
+            for name in [n for n, held in verdicts.items() if held]:
+                passing = sorted((t for t in runs[name] if meets_slo(t, objective)), key=lambda t: t.p95_ms)
+                figures[name].append(statistics.median(t.ok_rps for t in passing))
+                p95s[name].append(passing[(len(passing) - 1) // 2].p95_ms)
+                log(f"   {name}: {pending.pop(name).knobs.label()} holds {rate:.0f} req/s")
+            rate /= JUDGE_STEP
+        for name in pending:
+            figures[name].append(0.0)
+            p95s[name].append(None)
+    return figures, p95s
 
 
 def format_tuner_bench(f: dict) -> str:
@@ -157,4 +193,6 @@ def format_tuner_bench(f: dict) -> str:
         row("tuner", t), row("grid", g),
         f"tuner / grid: throughput {f['throughput_pct_of_grid']}%, trials {f['trials_pct_of_grid']}%, "
         f"time {f['time_pct_of_grid']}% (targets: >= 95% of the throughput in <= 15% of the trials)",
+        f"each search's own confirmed rate: tuner {t['confirmed_rps'] or 0:.0f}, grid {g['confirmed_rps'] or 0:.0f} "
+        f"req/s ({f['confirmed_pct_of_grid']}%)",
     ])

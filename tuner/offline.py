@@ -428,31 +428,33 @@ class Search:
 def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: bool, tries: int = 3,
             limit: int | None = None, objective: Objective | None = None) -> Score | None:
     """Measure again at `rate`: a candidate is confirmed where two of three runs pass, and the first
-    one confirmed wins (later ones are fallbacks). With `objective`, a run passes when it meets the
-    SLO itself: the search aimed at the SLO less the margin, and this checks that the written
-    config meets the SLO on most runs. A rate that does not hold steps down, `tries` rates at most;
-    a fixed target rate is the only rate tried. At most `limit` trials."""
+    one confirmed wins (later ones are fallbacks). A run passes by `meets_slo`: with `objective`,
+    the SLO itself, so that the written config is checked to meet the SLO on most runs. A rate
+    that does not hold steps down, `tries` rates at most; a fixed target rate is the only rate
+    tried. At most `limit` trials."""
     end = len(trials.trials) + (limit if limit is not None else tries * RUNS * len(candidates))
-
-    def passes(t: Trial) -> bool:
-        if objective is None:
-            return t.passed
-        return t.offered and t.p95_ms is not None and t.p95_ms <= objective.slo_p95_ms and \
-            t.error_ratio <= objective.max_error_ratio
-
     for r in [rate / RATE_STEP ** i for i in range(tries)] if step_down else [rate]:
         for k in candidates:
             runs: list[Trial] = []
-            while (verdict := majority([passes(t) for t in runs])) is None:
+            while (verdict := majority([meets_slo(t, objective) for t in runs])) is None:
                 if len(trials.trials) >= end:
                     return None
                 runs.append(trials.run(k, trials.open_load(r), "confirm"))
             if verdict:
-                passing = sorted((t for t in runs if passes(t)), key=lambda t: t.p95_ms)
+                passing = sorted((t for t in runs if meets_slo(t, objective)), key=lambda t: t.p95_ms)
                 mid = passing[(len(passing) - 1) // 2]
                 value = statistics.median(t.ok_rps for t in passing) if step_down else -mid.p95_ms
                 return Score(k, value, r, mid, runs)
     return None
+
+
+def meets_slo(t: Trial, objective: Objective | None) -> bool:
+    """A confirmation run's verdict: against the SLO itself where an objective is given (the
+    search aimed at the SLO less the margin), else the trial's own verdict."""
+    if objective is None:
+        return t.passed
+    return t.offered and t.p95_ms is not None and t.p95_ms <= objective.slo_p95_ms and \
+        t.error_ratio <= objective.max_error_ratio
 
 
 def predict_p95(cm: CostModel, k: Knobs, rate: float) -> float:
