@@ -177,12 +177,13 @@ def test_the_protective_policy_is_cut_from_measured_times_per_priority_level():
 def test_the_search_never_proposes_a_config_the_probe_found_stalling():
     """On a server where a bounded queue stalls one instance (the probe), every candidate the search
     measures, and the winner, has the instances the probe found safe; the spec's own config is
-    still measured as the baseline (it is the user's, not a proposal)."""
+    still measured as the baseline, and as the incumbent a challenger is paired with (it is the
+    user's, not a proposal)."""
     sim = SimulatedTrials()  # the spec has a bounded queue (128)
     traits = ServerTraits("2.51.0", stalls=True, safe_instances=2)
-    tuning = Search(sim, Objective(SLO_MS), bound=16, max_trials=30, log=lambda s: None, traits=traits).run(
-        Knobs(16, 8000, 1))
-    proposed = [t for t in sim.trials if t.phase not in ("calibrate", "baseline")]
+    spec_knobs = Knobs(16, 8000, 1)
+    tuning = Search(sim, Objective(SLO_MS), bound=16, max_trials=30, log=lambda s: None, traits=traits).run(spec_knobs)
+    proposed = [t for t in sim.trials if t.phase != "calibrate" and t.label != spec_knobs.label()]
     assert proposed and all(t.knobs["instances"] >= 2 for t in proposed), [t.label for t in proposed]
     assert any(t.phase == "baseline" and t.knobs["instances"] == 1 for t in sim.trials)
     assert tuning.confirmed and tuning.best.knobs.instances >= 2
@@ -275,6 +276,43 @@ def test_the_bench_measures_both_winners_at_the_same_rates():
     sides = {"tuner": Score(slower, 1.0, edge, None), "grid": Score(k, edge, edge, None)}
     figures, _ = judge(SimulatedTrials(), sides, objective, 1, log=lambda s: None)
     assert 0 <= figures["tuner"][0] < figures["grid"][0], figures
+
+
+def test_bench_tuner_gives_the_tuner_its_share_of_the_grid_trials(tmp_path, monkeypatch):
+    """The whole bench on WORLD: the grid runs first, the tuner gets 15% of the grid's trials as its
+    budget, both winners are measured again, and the figures and the JSON say so."""
+    import contextlib
+    import json
+
+    from tritonkit.tuner import bench
+
+    class Server:
+        def __init__(self, *a, **kw):
+            pass
+
+        def start(self):
+            pass
+
+        def close(self):
+            pass
+
+    sims: list[SimulatedTrials] = []
+    monkeypatch.setattr(bench, "Trials", lambda *a, **kw: sims.append(SimulatedTrials()) or sims[-1])
+    monkeypatch.setattr(bench, "LocalServer", Server)
+    monkeypatch.setattr(bench, "generate", lambda *a, **kw: None)
+    monkeypatch.setattr(bench, "repository_lock", lambda repo: contextlib.nullcontext())
+    monkeypatch.setattr(bench, "objective_for", lambda *a, **kw: Objective(SLO_MS))
+    monkeypatch.setattr(bench, "max_batch_bound", lambda *a, **kw: 16)
+    monkeypatch.setattr(bench, "from_spec", lambda m: Knobs(16, 8000, 1))
+    out = bench.run_tuner_bench(SimulatedTrials.spec, "m", tmp_path, tmp_path, tmp_path, confirmations=2,
+                                log=lambda s: None)
+    grid_sim, tuner_sim, judged = sims
+    f = out["figures"]
+    assert f["tuner_budget"] == min(30, int(0.15 * len(grid_sim.trials))) >= len(tuner_sim.trials)
+    assert f["trials_pct_of_grid"] <= 15
+    assert len(f["tuner"]["confirmations_rps"]) == len(f["grid"]["confirmations_rps"]) == 2
+    assert f["throughput_pct_of_grid"] >= 80, f  # WORLD has no noise: 86.4% every time
+    assert json.loads((tmp_path / "bench_tuner.json").read_text())["figures"] == json.loads(json.dumps(f))
 
 
 class LuckyOnce(SimulatedTrials):

@@ -210,7 +210,7 @@ class Search:
                     break
         return best
 
-    def challenge(self, inc: Score, k: Knobs) -> Score | None:
+    def challenge(self, inc: Score, k: Knobs, phase: str = "neighbour") -> Score | None:
         """`k`'s score when it beats the incumbent by more than the noise, else None.
 
         One screening run at the incumbent's rate; a candidate not faster there than the incumbent
@@ -220,14 +220,16 @@ class Search:
         both of its runs. A winner then climbs to its own sustained rate."""
         rate = self.obj.rps or inc.rate
         if rate is None:  # nothing has held yet: any config that holds somewhere is better
-            s = self.sustained(k, self.start_rate(self.cm, k), "neighbour")
+            s = self.sustained(k, self.start_rate(self.cm, k), phase)
             return s if s.passed else None
-        c0 = self.measure(k, rate, "neighbour")
+        if self.budget_left < 1 + PAIRED:  # a screening run that could not be followed up is wasted
+            return None
+        c0 = self.measure(k, rate, phase)
         typical = self.noise.typical(_key(inc.knobs, rate))
-        if typical is None or self.p95(c0) >= typical or self.budget_left < PAIRED:
+        if typical is None or self.p95(c0) >= typical:
             return None
         i1, i2 = self.measure(inc.knobs, rate, "incumbent"), self.measure(inc.knobs, rate, "incumbent")
-        c1 = self.measure(k, rate, "neighbour")
+        c1 = self.measure(k, rate, phase)
         pairs = [(self.p95(c0), self.p95(i1)), (self.p95(c1), self.p95(i2))]
         held = c0.passed and c1.passed
         won = wins(pairs, self.noise.spread) and (held or (self.obj.rps is not None and not inc.passed))
@@ -237,7 +239,7 @@ class Search:
             return None
         if self.obj.rps:
             return self._score(k, rate, [c0, c1], held)
-        return self.sustained(k, rate, "neighbour", given=[c0, c1])
+        return self.sustained(k, rate, phase, given=[c0, c1])
 
     def refined(self, s: Score) -> Score:
         """The winner's rate read from a line fitted to all its runs near its ladder rate (within
@@ -325,11 +327,14 @@ class Search:
         ranked = self.ranked(cm)
         predicted, start = next(((v, k) for v, k in ranked if not self.stalls(k)), ranked[0])
         log(f"== start: {start.label()} (predicted {predicted:.1f})")
-        started = self.evaluate(start, "start", start_rate=self.start_rate(cm, start)) \
-            if start != baseline_knobs else baseline
-        incumbent = baseline if self.better(baseline, started) or not started.passed else started
+        incumbent = baseline
+        if start != baseline_knobs:
+            # the start must beat the baseline as any neighbour must (screened at the baseline's
+            # rate, then paired): a search of its own from the model's guess cost 7 trials to
+            # find a rate the baseline had already measured
+            incumbent = self.challenge(baseline, start, "start") or baseline
         log("== hill climbing")
-        tried = {baseline.knobs, started.knobs}
+        tried = {baseline.knobs, start}
         stopped = "no neighbour beat the incumbent by more than the noise"
         improved = True
         while improved:
