@@ -213,20 +213,25 @@ class Search:
     def challenge(self, inc: Score, k: Knobs, phase: str = "neighbour") -> Score | None:
         """`k`'s score when it beats the incumbent by more than the noise, else None.
 
-        One screening run at the incumbent's rate; a candidate not faster there than the incumbent
-        typically is costs that run only. Otherwise the incumbent twice and the candidate again
+        Against an incumbent that misses the target, a candidate that holds it wins outright.
+        Otherwise one screening run at the incumbent's rate; a candidate not faster there than the
+        incumbent typically is costs that run only. Otherwise the incumbent twice and the candidate again
         (C I I C): a drift of the machine over the four runs hits both sides alike, and the
         candidate must win both pairs by more than the noise (noise.wins) and hold the target in
         both of its runs. A winner then climbs to its own sustained rate."""
+        c0 = None
+        if not inc.passed:  # the incumbent misses the target: a candidate that holds is better outright
+            s = self.evaluate(k, phase, self.start_rate(self.cm, k))
+            if s.passed or not self.obj.rps:
+                return s if s.passed else None
+            c0 = s.runs[-1]  # neither holds the target rate: their P95s there decide, as below
         rate = self.obj.rps or inc.rate
-        if rate is None:  # nothing has held yet: any config that holds somewhere is better
-            s = self.sustained(k, self.start_rate(self.cm, k), phase)
-            return s if s.passed else None
-        if self.budget_left < 1 + PAIRED:  # a screening run that could not be followed up is wasted
-            return None
-        c0 = self.measure(k, rate, phase)
+        if c0 is None:
+            if self.budget_left < 1 + PAIRED:  # a screening run that could not be followed up is wasted
+                return None
+            c0 = self.measure(k, rate, phase)
         typical = self.noise.typical(_key(inc.knobs, rate))
-        if typical is None or self.p95(c0) >= typical:
+        if typical is None or self.p95(c0) >= typical or self.budget_left < PAIRED:
             return None
         i1, i2 = self.measure(inc.knobs, rate, "incumbent"), self.measure(inc.knobs, rate, "incumbent")
         c1 = self.measure(k, rate, phase)
