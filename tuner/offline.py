@@ -365,6 +365,8 @@ class Search:
         tuning = Tuning(self.obj, baseline, incumbent, cm, self.bound, stopped_because=stopped)
         if incumbent.passed:
             self._protect_and_confirm(tuning, cm)
+        elif not self.obj.rps:
+            self._lower_and_confirm(tuning)
         tuning.noise_spread, tuning.noise_repeats = round(self.noise.spread, 3), self.noise.repeats
         log(f"noise: P95 of one config at one rate varies by {self.noise.spread:.0%} from run to run here "
             f"({self.noise.repeats} repeated runs{'' if self.noise.repeats else ': the prior alone'})")
@@ -398,6 +400,22 @@ class Search:
         if confirmed is not None:
             tuning.best, tuning.confirmed = confirmed, True
 
+
+    def _lower_and_confirm(self, tuning: Tuning) -> None:
+        """Nothing held within the search's budget: the trials kept for the overload check and the
+        confirmation go on stepping the spec's own config down from the lowest rate it was run at,
+        by the confirmation's rule, so that a slow minute early on still ends in a measured figure."""
+        k = tuning.baseline.knobs
+        rates = [t.rate for t in self.t.trials if t.label == k.label() and t.rate]
+        if not rates or self.final_left <= 0:
+            return
+        self.log(f"== nothing held the target within the search; the spec's own config from "
+                 f"{min(rates) / RATE_STEP:.0f} req/s down, two of three runs at the SLO itself")
+        confirmed = confirm(self.t, [k], min(rates) / RATE_STEP, step_down=True, tries=MAX_STEPS_DOWN,
+                            limit=self.final_left, objective=self.obj)
+        if confirmed is not None:
+            tuning.best, tuning.confirmed = confirmed, True
+            tuning.policy_note = "no protective queue policy was derived: nothing held the target within the search"
 
     def _protected(self, tuning: Tuning, k: Knobs, cm: CostModel, capacity: float) -> Knobs | None:
         """The winner with a protective policy that held at every overload factor, or None (and why)."""
