@@ -9,9 +9,9 @@ same `confirm` (two of three runs). The grid runs first: the tuner then gets TRI
 grid's trials as its budget, the bound the comparison is about. Last, both winners are measured
 again `confirmations` times by `judge`: at the same rates, run for run interleaved (tuner, grid,
 tuner, ...), so that a drift of the machine hits both: the figures are the medians of those,
-with their spread. Reported: the
-tuner's figure as a percentage of the grid's, its trials and time as percentages of the grid's,
-and each search's own confirmed rate (what `tritonkit tune` would have written).
+with their spread. Reported: the tuner's figure as a percentage of the grid's, its trials and
+time as percentages of the grid's, and each search's own confirmed rate (what `tritonkit tune`
+would have written).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from tritonkit.spec import Spec
 from tritonkit.tuner.knobs import Knobs, batch_sizes, from_spec, grid
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.noise import majority, spread_of
-from tritonkit.tuner.offline import RATE_STEP, Objective, Score, Search, confirm, meets_slo
+from tritonkit.tuner.offline import RATE_STEP, Objective, Score, Search, confirm, held_figure, meets_slo
 from tritonkit.tuner.run import max_batch_bound, objective_for
 from tritonkit.tuner.settings import DEFAULT_MARGIN
 from tritonkit.tuner.trials import LocalServer, Probe, Trial, Trials
@@ -177,9 +177,9 @@ def judge(trials: Trials, sides: dict[str, Score | None], objective: Objective, 
                         if (v := majority([meets_slo(t, objective) for t in runs[name]])) is not None:
                             verdicts[name] = v
             for name in [n for n, held in verdicts.items() if held]:
-                passing = sorted((t for t in runs[name] if meets_slo(t, objective)), key=lambda t: t.p95_ms)
-                figures[name].append(statistics.median(t.ok_rps for t in passing))
-                p95s[name].append(passing[(len(passing) - 1) // 2].p95_ms)
+                served, mid = held_figure(runs[name], objective)
+                figures[name].append(served)
+                p95s[name].append(mid.p95_ms)
                 log(f"   {name}: {pending.pop(name).knobs.label()} holds {rate:.0f} req/s")
             rate /= JUDGE_STEP
         for name in pending:

@@ -400,7 +400,6 @@ class Search:
         if confirmed is not None:
             tuning.best, tuning.confirmed = confirmed, True
 
-
     def _lower_and_confirm(self, tuning: Tuning) -> None:
         """Nothing held within the search's budget: the trials kept for the overload check and the
         confirmation go on stepping the spec's own config down from the lowest rate it was run at,
@@ -469,11 +468,16 @@ def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: boo
                     return None
                 runs.append(trials.run(k, trials.open_load(r), "confirm"))
             if verdict:
-                passing = sorted((t for t in runs if meets_slo(t, objective)), key=lambda t: t.p95_ms)
-                mid = passing[(len(passing) - 1) // 2]
-                value = statistics.median(t.ok_rps for t in passing) if step_down else -mid.p95_ms
-                return Score(k, value, r, mid, runs)
+                served, mid = held_figure(runs, objective)
+                return Score(k, served if step_down else -mid.p95_ms, r, mid, runs)
     return None
+
+
+def held_figure(runs: list[Trial], objective: Objective | None) -> tuple[float, Trial]:
+    """Of runs that held by majority: the median req/s served by those that met the SLO, and the
+    median one of them by P95 (of two, the faster: the figure rests on a run that met it)."""
+    passing = sorted((t for t in runs if meets_slo(t, objective)), key=lambda t: t.p95_ms)
+    return statistics.median(t.ok_rps for t in passing), passing[(len(passing) - 1) // 2]
 
 
 def meets_slo(t: Trial, objective: Objective | None) -> bool:
