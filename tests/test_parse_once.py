@@ -102,7 +102,7 @@ def test_demo_parses_once(workdir, probed):
     puts the pre-tuning config back and exits 130."""
     write_spec(workdir, SMALL)
     out = _run_until(workdir, ["demo", "--spec", "deploy.yaml", "--repo", "repo", "--state-dir", "state",
-                               "--out", "out", "--requests", "50", "--concurrency", "4"],
+                               "--out", "out", "--requests", "50", "--concurrency", "4", "--seconds", "1"],
                      "trial   1", signal.SIGINT)
     assert "== 7/7 tune" in out and "report: " in out
     assert _count(workdir / "parses.log") == 1

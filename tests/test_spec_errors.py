@@ -100,15 +100,18 @@ def test_seeded_mistake(generated, case):
     assert _snapshot(generated / "repo") == before  # nothing on disk changed
 
 
-def test_messages_are_distinct(generated):
-    """Each seeded mistake produces its own message (not one generic 'invalid spec')."""
+def test_messages_are_distinct(generated, capsys):
+    """Each seeded mistake produces its own message (not one generic 'invalid spec'). In-process:
+    the console script's exit code and stderr for each case are test_seeded_mistake's."""
+    from tritonkit.cli import main
+
     seen = set()
     for _id, mutate, path, _ in CASES:
         data = copy.deepcopy(VALID)
         mutate(generated, data)
-        res = tritonkit("validate", "--spec", str(write_spec(generated, data)))
-        assert res.returncode == 2
-        message = next(ln for ln in res.stderr.splitlines() if path + ":" in ln)
+        capsys.readouterr()
+        assert main(["validate", "--spec", str(write_spec(generated, data))]) == 2
+        message = next(ln for ln in capsys.readouterr().err.splitlines() if path + ":" in ln)
         seen.add(message.split(path + ":", 1)[1])
     assert len(seen) == len(CASES)
 

@@ -12,7 +12,7 @@ from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, port_overrides, s
 from tritonkit.configs.loader import load_spec
 from tritonkit.configs.steps import serve_configured
 from tritonkit.demo import run_demo
-from tritonkit.errors import KitError
+from tritonkit.errors import KitError, raise_flag_problems
 from tritonkit.spec import parse_spec
 
 
@@ -48,8 +48,13 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
+    raise_flag_problems([
+        ("--seconds", a.seconds >= 1, "give each load window in seconds, at least 1, e.g. 4"),
+        ("--tune-trials", a.tune_trials >= 5, "allow at least 5 trials (calibration alone takes 3)"),
+    ])
     # Parsed only: the demo writes the sample model first, then checks the graphs (run_demo).
-    run_demo(parse_spec(a.spec), a.repo, a.state_dir, requests=a.requests, concurrency=a.concurrency, out=a.out)
+    run_demo(parse_spec(a.spec), a.repo, a.state_dir, requests=a.requests, concurrency=a.concurrency, out=a.out,
+             seconds=a.seconds, tune_trials=a.tune_trials)
     return 0
 
 
@@ -78,4 +83,6 @@ def register_demo(sub) -> None:
     sp.add_argument("--requests", type=int, default=2000)
     sp.add_argument("--concurrency", type=int, default=16)
     sp.add_argument("--out", type=Path, default=Path("out/demo"), help="load test and sweep results")
+    sp.add_argument("--seconds", type=float, default=4.0, help="length of the load test and of each sweep row")
+    sp.add_argument("--tune-trials", type=int, default=14, help="the tuner's trial budget (step 7)")
     sp.set_defaults(func=cmd_demo)
