@@ -30,6 +30,7 @@ from tritonkit.tuner.knobs import DELAYS_US, Knobs, batch_sizes, grid
 from tritonkit.tuner.noise import Noise, clear, fitted_rate, majority, wins
 from tritonkit.tuner.offline import RATE_STEP, Objective, Score, Search, predict_p95
 from tritonkit.tuner.online import Controller, OnlineSettings, Window
+from tritonkit.tuner.pooled import holds, pooled
 from tritonkit.tuner.protect import Budget, protect
 from tritonkit.tuner.trials import Probe, Trial
 
@@ -94,7 +95,16 @@ class SimulatedTrials:
             t.passed = t.p95_ms is not None and t.p95_ms <= SLO_MS
             t.ok_rps = load.rate if t.p95_ms is not None else 0.0
         self.trials.append(t)
-        return t
+        return with_latencies(t)
+
+
+def with_latencies(t: Trial) -> Trial:
+    """A simulated trial's requests, as the confirmation pools them: 100 ok ones whose P95 is the
+    trial's, and its failed share on top."""
+    t.latencies_ms = () if t.p95_ms is None else tuple(t.p95_ms * i / 95 for i in range(1, 101))
+    if t.p95_ms is not None and t.error_ratio < 1:
+        t.requests = round(100 / (1 - t.error_ratio))
+    return t
 
 
 def best_sustained(k: Knobs) -> float:
@@ -220,7 +230,7 @@ class NoisySimulatedTrials(SimulatedTrials):
             self.level = 0.7 * self.level + self.drift * self.rng.normal()
             t.p95_ms = round(t.p95_ms * math.exp(self.level + self.spread * self.rng.normal()), 3)
             t.passed = t.p95_ms <= self.target_ms and t.error_ratio <= 0.01
-        return t
+        return with_latencies(t)
 
 
 def _steps_apart(a: Knobs, b: Knobs) -> int:
@@ -278,6 +288,30 @@ def test_the_bench_measures_both_winners_at_the_same_rates():
     assert 0 <= figures["tuner"][0] < figures["grid"][0], figures
 
 
+
+def _run(n: int, ms: list[float], errors: int = 0, offered: bool = True) -> Trial:
+    t = Trial(n, "confirm", "k", {}, "open", 1000.0, requests=len(ms) + errors, offered=offered,
+              p95_ms=sorted(ms)[int(0.95 * len(ms)) - 1], error_ratio=errors / (len(ms) + errors))
+    t.latencies_ms, t.ok_rps = tuple(ms), 1000.0 * len(ms) / (len(ms) + errors)
+    return t
+
+
+def test_a_rate_holds_by_the_requests_of_its_runs_pooled():
+    """Two quick runs and one slow episode pass two of three runs, but not a load test of their
+    length: pooled, 30% slow requests in one run are 10% of all, past the 5% a P95 allows."""
+    quick, slow = [10.0] * 97 + [40.0] * 3, [10.0] * 70 + [40.0] * 30
+    assert holds([_run(1, quick), _run(2, quick)], 25.0, 0.01) is None  # a pass needs all three
+    assert holds([_run(1, quick), _run(2, quick), _run(3, quick)], 25.0, 0.01) is True
+    assert holds([_run(1, quick), _run(2, slow), _run(3, quick)], 25.0, 0.01) is False
+    assert holds([_run(1, slow)], 25.0, 0.01) is False  # 30 slow already exceed 5% of three runs: stop
+    # 7% slow in each run fails each run, yet 4% + 4% + 7% pooled is a P95 within the SLO
+    mixed = [10.0] * 96 + [40.0] * 4
+    assert holds([_run(1, mixed), _run(2, mixed), _run(3, [10.0] * 93 + [40.0] * 7)], 25.0, 0.01) is True
+    assert holds([_run(1, quick, errors=4)], 25.0, 0.01) is False  # errors over 1% of three runs
+    assert holds([_run(1, quick, offered=False)], 25.0, 0.01) is False
+    p = pooled([_run(1, quick), _run(2, slow), _run(3, quick)])
+    assert p.requests == 300 and p.p95_ms == 40.0 and p.p50_ms == 10.0 and p.note.startswith("3 runs pooled")
+
 def test_bench_tuner_gives_the_tuner_its_share_of_the_grid_trials(tmp_path, monkeypatch):
     """The whole bench on WORLD: the grid runs first, the tuner gets 15% of the grid's trials as its
     budget, both winners are measured again, and the figures and the JSON say so."""
@@ -328,12 +362,12 @@ class SlowFirstMinute(SimulatedTrials):
             self.slow -= 1
             t.p95_ms *= 2
             t.passed = t.p95_ms <= SLO_MS
-        return t
+        return with_latencies(t)
 
 
 def test_a_search_where_nothing_held_still_ends_in_a_confirmed_figure():
     """A slow first minute fails every run of the search's budget: the trials kept for the end step
-    the spec's own config down until two of three runs meet the SLO, instead of going unused."""
+    the spec's own config down until three pooled runs meet the SLO, instead of going unused."""
     sim = SlowFirstMinute(slow=12)
     spec_knobs = Knobs(16, 8000, 1)
     tuning = Search(sim, Objective(SLO_MS), bound=16, max_trials=20, log=lambda s: None).run(spec_knobs)
@@ -357,7 +391,7 @@ class LuckyOnce(SimulatedTrials):
             self.seen += 1
             t.p95_ms = round(t.p95_ms * (0.5 if self.seen == 1 else self.factor), 3)
             t.passed = t.p95_ms <= SLO_MS
-        return t
+        return with_latencies(t)
 
 
 @pytest.mark.parametrize("factor, kept", [(1.1, False), (0.5, True)])

@@ -41,7 +41,7 @@ def test_offline_meets_the_slo_that_the_spec_misses(workdir, probed):
     spec, done = _tune(workdir, "--rps", "300", "--max-trials", "12")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     log = json.loads((workdir / "out" / "trials.json").read_text())
-    base, best = log["trials"][log["baseline"]["trial"] - 1], log["trials"][log["best"]["trial"] - 1]
+    base, best = log["trials"][log["baseline"]["trial"] - 1], log["best"]  # best: its confirmation runs pooled
     print(json.dumps({"baseline": base, "best": best, "cost_model": log["cost_model"]}, indent=1))
     # The spec's 20 ms wait is a floor no machine gets under; the tuned config beats it by a wide
     # factor. (Whether the last confirmation passes on a loaded 2-core box is not asserted.)

@@ -5,7 +5,7 @@ delay and instance count, each screened by single runs on a rate ladder (doublin
 GRID_START_RPS, then the tuner's own RATE_STEP inside the last bracket). Both sides then decide by
 the same rules (tuner/noise.py): the grid's GRID_FINALISTS best screened configs get the tuner's
 majority-of-runs sustained rate (`Search.sustained`), and each side's winner is confirmed by the
-same `confirm` (two of three runs). The grid runs first: the tuner then gets TRIALS_SHARE of the
+same `confirm` (three runs, pooled). The grid runs first: the tuner then gets TRIALS_SHARE of the
 grid's trials as its budget, the bound the comparison is about. Last, both winners are measured
 again `confirmations` times by `judge`: at the same rates, run for run interleaved (tuner, grid,
 tuner, ...), so that a drift of the machine hits both: the figures are the medians of those,
@@ -29,8 +29,9 @@ from tritonkit.loadtests.results import SCHEMA
 from tritonkit.spec import Spec
 from tritonkit.tuner.knobs import Knobs, batch_sizes, from_spec, grid
 from tritonkit.tuner.lock import repository_lock
-from tritonkit.tuner.noise import majority, spread_of
-from tritonkit.tuner.offline import RATE_STEP, Objective, Score, Search, confirm, held_figure, meets_slo
+from tritonkit.tuner.noise import spread_of
+from tritonkit.tuner.offline import RATE_STEP, Objective, Score, Search, confirm, held
+from tritonkit.tuner.pooled import pooled
 from tritonkit.tuner.run import max_batch_bound, objective_for
 from tritonkit.tuner.settings import DEFAULT_MARGIN
 from tritonkit.tuner.trials import LocalServer, Probe, Trial, Trials
@@ -155,9 +156,10 @@ def judge(trials: Trials, sides: dict[str, Score | None], objective: Objective, 
           log: Callable[[str], None]) -> tuple[dict[str, list[float]], dict[str, list[float | None]]]:
     """What each side's config sustains, measured `times` times by one rule: from the higher of the
     two confirmed rates down in steps of JUDGE_STEP, run for run interleaved (tuner, grid, tuner,
-    ...) at each rate, a side's figure is the first rate where two of three of its runs meet the
-    SLO. Both configs meet the same rates and the same minute of the machine, so a difference is
-    the configs', not the luck of where each search's rate ladder ended; 0 where none held."""
+    ...) at each rate, a side's figure is the first rate where its runs, pooled, meet the SLO (the
+    confirmation's rule). Both configs meet the same rates and the same minute of the machine, so
+    a difference is the configs', not the luck of where each search's rate ladder ended; 0 where
+    none held."""
     present = {name: s for name, s in sides.items() if s is not None}
     figures: dict[str, list[float]] = {name: [] for name in sides}
     p95s: dict[str, list[float | None]] = {name: [] for name in sides}
@@ -174,12 +176,12 @@ def judge(trials: Trials, sides: dict[str, Score | None], objective: Objective, 
                 for name, s in pending.items():
                     if name not in verdicts:
                         runs[name].append(trials.run(s.knobs, trials.open_load(rate), "confirm"))
-                        if (v := majority([meets_slo(t, objective) for t in runs[name]])) is not None:
+                        if (v := held(runs[name], objective)) is not None:
                             verdicts[name] = v
-            for name in [n for n, held in verdicts.items() if held]:
-                served, mid = held_figure(runs[name], objective)
-                figures[name].append(served)
-                p95s[name].append(mid.p95_ms)
+            for name in [n for n, ok in verdicts.items() if ok]:
+                p = pooled(runs[name])
+                figures[name].append(p.ok_rps)
+                p95s[name].append(p.p95_ms)
                 log(f"   {name}: {pending.pop(name).knobs.label()} holds {rate:.0f} req/s")
             rate /= JUDGE_STEP
         for name in pending:

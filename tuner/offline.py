@@ -14,8 +14,9 @@ taken against the run-to-run noise of the machine at hand (tuner/noise.py).
    `tritonkit probe` found stalls the server is never proposed.
 5. The queue policy that protects the SLO is derived for the winner from measured times, checked
    at 1.5x and 3x its capacity (tuner/protect.py: a policy that fails is tightened once, then
-   dropped with the reason in the report), and the winner is measured again to confirm it: two of
-   three runs must pass (stepping its rate down until they do).
+   dropped with the reason in the report), and the winner is measured again to confirm it: the
+   requests of three runs, pooled, must meet the SLO (tuner/pooled.py), stepping its rate down
+   until they do.
 
 A sustained rate is the highest rate on the ladder (steps of RATE_STEP) that holds in most runs:
 one run decides a rate only when its P95 is far (two spreads) from the target, else the majority
@@ -38,6 +39,7 @@ from tritonkit.spec import QueuePolicy
 from tritonkit.tuner.costmodel import CostModel, batch_points, delay_for, fit, parallelism
 from tritonkit.tuner.knobs import Knobs, batch_sizes, max_instances, neighbours, on_ladder
 from tritonkit.tuner.noise import RUNS, Noise, clear, fitted_rate, majority, wins
+from tritonkit.tuner.pooled import holds, pooled
 from tritonkit.tuner.protect import (
     OVERLOAD_FACTORS,
     OVERLOAD_GOODPUT,
@@ -51,8 +53,8 @@ from tritonkit.tuner.protect import (
 from tritonkit.tuner.trials import Trial, Trials
 
 RATE_STEP = 1.15  # the rate ladder of capacity searches: the resolution of a throughput figure
-# Kept from the search for the end: the overload checks (one per factor), and a confirmation (two
-# of three runs) at two rates at most
+# Kept from the search for the end: the overload checks (one per factor), and a confirmation (three
+# pooled runs) at two rates at most
 FINAL_TRIALS = len(OVERLOAD_FACTORS) + 2 * RUNS
 MAX_STEPS_DOWN = 5  # a config that fails 2x below its first rate is not worth more trials
 PAIRED = 3  # runs a challenge takes after its screening run: incumbent, incumbent, candidate (C I I C)
@@ -123,7 +125,7 @@ class Search:
     def budget_left(self) -> int:
         """Trials the search may still use; the last few are kept for the overload check and the
         confirmation, so that `max_trials` is never exceeded."""
-        # a fixed target rate is confirmed at that rate only: one majority of three
+        # a fixed target rate is confirmed at that rate only: one set of three pooled runs
         return self.max_trials - len(self.t.trials) - (FINAL_TRIALS - RUNS if self.obj.rps else FINAL_TRIALS)
 
     @property
@@ -393,8 +395,8 @@ class Search:
                 candidates.insert(0, protected)
             if tuning.policy_note:
                 self.log(f"   {tuning.policy_note}")
-        self.log(f"== confirm: two of three runs must meet the SLO itself ({self.obj.slo_p95_ms:g} ms); "
-                 "pass/fail below is against the search's target")
+        self.log(f"== confirm: three runs, pooled, must meet the SLO itself ({self.obj.slo_p95_ms:g} ms); "
+                 "pass/fail below is each run's against the search's target")
         confirmed = confirm(self.t, candidates, rate, step_down=not self.obj.rps, limit=self.final_left,
                             objective=self.obj)
         if confirmed is not None:
@@ -409,7 +411,7 @@ class Search:
         if not rates or self.final_left <= 0:
             return
         self.log(f"== nothing held the target within the search; the spec's own config from "
-                 f"{min(rates) / RATE_STEP:.0f} req/s down, two of three runs at the SLO itself")
+                 f"{min(rates) / RATE_STEP:.0f} req/s down, three pooled runs at the SLO itself")
         confirmed = confirm(self.t, [k], min(rates) / RATE_STEP, step_down=True, tries=MAX_STEPS_DOWN,
                             limit=self.final_left, objective=self.obj)
         if confirmed is not None:
@@ -452,41 +454,29 @@ class Search:
         return None
 
 
-def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: bool, tries: int = 3,
-            limit: int | None = None, objective: Objective | None = None) -> Score | None:
-    """Measure again at `rate`: a candidate is confirmed where two of three runs pass, and the first
-    one confirmed wins (later ones are fallbacks). A run passes by `meets_slo`: with `objective`,
-    the SLO itself, so that the written config is checked to meet the SLO on most runs. A rate
-    that does not hold steps down, `tries` rates at most; a fixed target rate is the only rate
-    tried. At most `limit` trials."""
+def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: bool, objective: Objective,
+            tries: int = 3, limit: int | None = None) -> Score | None:
+    """Measure again at `rate`: a candidate is confirmed where its runs, pooled, meet the SLO itself
+    (`held`; the search aimed at the SLO less the margin), and the first one confirmed wins (later
+    ones are fallbacks). A rate that does not hold steps down, `tries` rates at most; a fixed
+    target rate is the only rate tried. At most `limit` trials."""
     end = len(trials.trials) + (limit if limit is not None else tries * RUNS * len(candidates))
     for r in [rate / RATE_STEP ** i for i in range(tries)] if step_down else [rate]:
         for k in candidates:
             runs: list[Trial] = []
-            while (verdict := majority([meets_slo(t, objective) for t in runs])) is None:
+            while (verdict := held(runs, objective)) is None:
                 if len(trials.trials) >= end:
                     return None
                 runs.append(trials.run(k, trials.open_load(r), "confirm"))
             if verdict:
-                served, mid = held_figure(runs, objective)
-                return Score(k, served if step_down else -mid.p95_ms, r, mid, runs)
+                p = pooled(runs, passed=True)
+                return Score(k, p.ok_rps if step_down else -p.p95_ms, r, p, runs)
     return None
 
 
-def held_figure(runs: list[Trial], objective: Objective | None) -> tuple[float, Trial]:
-    """Of runs that held by majority: the median req/s served by those that met the SLO, and the
-    median one of them by P95 (of two, the faster: the figure rests on a run that met it)."""
-    passing = sorted((t for t in runs if meets_slo(t, objective)), key=lambda t: t.p95_ms)
-    return statistics.median(t.ok_rps for t in passing), passing[(len(passing) - 1) // 2]
-
-
-def meets_slo(t: Trial, objective: Objective | None) -> bool:
-    """A confirmation run's verdict: against the SLO itself where an objective is given (the
-    search aimed at the SLO less the margin), else the trial's own verdict."""
-    if objective is None:
-        return t.passed
-    return t.offered and t.p95_ms is not None and t.p95_ms <= objective.slo_p95_ms and \
-        t.error_ratio <= objective.max_error_ratio
+def held(runs: list[Trial], objective: Objective) -> bool | None:
+    """A confirmation's verdict at one rate: the runs pooled against the SLO and the error bound."""
+    return holds(runs, objective.slo_p95_ms, objective.max_error_ratio)
 
 
 def predict_p95(cm: CostModel, k: Knobs, rate: float) -> float:

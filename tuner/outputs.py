@@ -35,7 +35,10 @@ CSV_KEYS = ("n", "phase", "label", "rate", "requests", "ok_rps", "p50_ms", "p95_
 def _score(s: Score) -> dict:
     return {"knobs": s.knobs.to_json(), "label": s.knobs.label(), "passed": s.passed,
             "rate": s.rate, "value": None if math.isinf(s.value) else s.value,
-            "trial": s.trial.n if s.trial else None}
+            "trial": s.trial.n if s.trial else None,
+            # the figure's own P95 and rate: a confirmed one pools its runs (tuner/pooled.py)
+            "p95_ms": s.trial.p95_ms if s.trial else None, "ok_rps": s.trial.ok_rps if s.trial else None,
+            "runs": [t.n for t in s.runs]}
 
 
 def log_json(model: str, tuning: Tuning, trials: list[Trial], seconds: float) -> dict:

@@ -71,10 +71,12 @@ class Trial:
     seconds: float = 0.0
     note: str = ""
     batch_stats: tuple = ()  # (before, after) statistics, for the cost model; not logged
+    latencies_ms: tuple = ()  # each ok request's, as p95_ms counts them: for pooling runs; not logged
 
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("batch_stats")
+        d.pop("latencies_ms")
         return d
 
 
@@ -182,6 +184,7 @@ class Trials:
         # flight (loadtests/stalls.py), so that a hiccup of the generator does not fail a good config.
         own = without_stalls(out.samples, out.stalls)
         t.p95_ms = round(percentile(own, 95) * 1e3, 3) if own else None
+        t.latencies_ms = tuple(x * 1e3 for x in own)
         t.stalled_ms = round(1e3 * sum(b - a for a, b in out.stalls), 1)
         t.server_ms = _round(result["server"].get("request_ms"))
         t.overhead_ms = _round(result["client_overhead_ms"])
