@@ -165,7 +165,7 @@ def test_demo_finishes_and_batches(tmp_path, probed):
     (tmp_path / "deploy.yaml").write_text(spec)
     env = {k: v for k, v in os.environ.items()}
     res = tritonkit("demo", "--spec", "deploy.yaml", "--repo", "repo", "--state-dir", "state",
-                    "--requests", "600", "--concurrency", "16", "--seconds", "2", "--tune-trials", "9",
+                    "--requests", "600", "--concurrency", "16", "--seconds", "1", "--tune-trials", "9",
                     cwd=tmp_path, env=env, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     hist = [ln for ln in res.stdout.splitlines() if "|" in ln]

@@ -88,7 +88,7 @@ def test_tune_after_build_on_a_batch_1_export_succeeds_and_parses_once(workdir, 
     assert tritonkit("build", "--spec", "deploy.yaml", "--out", "repo", cwd=workdir).returncode == 0
     trace, env = _traced(workdir)
     done = tritonkit("tune", "--spec", "deploy.yaml", "--model", "st", "--repo", "repo", "--state-dir", "state",
-                     "--out", "out", "--rps", "50", "--max-trials", "9", "--max-trial-s", "2", cwd=workdir, env=env,
+                     "--out", "out", "--rps", "50", "--max-trials", "9", "--max-trial-s", "1", cwd=workdir, env=env,
                      timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert (workdir / "tuned.yaml").is_file() and "wrote" in done.stdout

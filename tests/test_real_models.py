@@ -232,7 +232,7 @@ def test_tune_measures_realistic_inputs(site, name, tmp_path, probed):
     dim, as the tuner used to send, costs a small fraction of it)."""
     spec = load_spec(site / "deploy.yaml", site / "repo")
     probe = Probe(warmup_s=0.3, duration_s=1.0, drain_s=0.5, max_s=1.0)
-    result = tune_offline(spec, name, site / "repo", tmp_path / "state", tmp_path / "out", max_trials=6,
+    result = tune_offline(spec, name, site / "repo", tmp_path / "state", tmp_path / "out", max_trials=5,
                           probe=probe, write_decision=False, log=print)
     trials = result.trials.trials
     measured = [t for t in trials if t.requests]

@@ -194,7 +194,7 @@ class Trials:
         gen = result["generator"]
         # A rate the generator failed to offer makes the trial meaningless; stalls that moved the
         # client's P95 by more than 10% are taken out, and both are said.
-        short = t.rate is not None and gen["achieved_rate"] < 0.9 * t.rate
+        short = t.rate is not None and gen["short"]
         hiccup = t.p95_ms is not None and t.client_p95_ms is not None and t.client_p95_ms > 1.1 * t.p95_ms
         t.offered = not short
         t.generator_limited = bool(short or gen["saturated"] or hiccup)
