@@ -74,12 +74,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
         run_bench(a.out, seconds=a.seconds, users=a.users, rate=a.rate, log=say)
         say(f"wrote {a.out / 'bench.json'}")
     elif a.what == "tuner":
-        s = TuneSettings(max_trials=a.max_trials, margin=a.margin, max_trial_s=a.max_trial_s)
+        s = TuneSettings(p95_ms=a.p95_ms, max_trials=a.max_trials, margin=a.margin, max_trial_s=a.max_trial_s)
         raise_flag_problems([("--confirmations", a.confirmations >= 1, "confirm each winner at least once, e.g. 3")])
         spec = load_spec(a.spec, a.repo)
         model = a.model or spec.models[0].name
-        run_tuner_bench(spec, model, a.repo, a.state_dir, a.out, max_trials=s.max_trials, margin=s.margin,
-                        probe=Probe(max_s=s.max_trial_s), confirmations=a.confirmations, log=say)
+        run_tuner_bench(spec, model, a.repo, a.state_dir, a.out, p95_ms=s.p95_ms, max_trials=s.max_trials,
+                        margin=s.margin, probe=Probe(max_s=s.max_trial_s), confirmations=a.confirmations, log=say)
         say(f"wrote {a.out / 'bench_tuner.json'}")
     elif a.what == "overload":
         spec = load_spec(a.spec, a.repo)
@@ -162,6 +162,7 @@ def register(sub) -> None:
     sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
     sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
     sp.add_argument("--max-trials", type=int, default=30, help="tuner: the tuner's trial budget")
+    sp.add_argument("--p95-ms", type=float, help="tuner: the P95 SLO (default: the model's slo.p95_ms)")
     _noise_args(sp)
     sp.add_argument("--confirmations", type=int, default=3,
                     help="tuner: how many times each side's winner is confirmed, for the spread of its figure")
