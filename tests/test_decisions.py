@@ -289,6 +289,34 @@ def test_the_bench_measures_both_winners_at_the_same_rates():
 
 
 
+
+class SlowsDown(SimulatedTrials):
+    """WORLD, with every execution half as slow again once the search is done (a neighbour's load)."""
+
+    def run(self, k: Knobs, load: Load, phase: str, classes=None) -> Trial:
+        t = super().run(k, load, phase)
+        if phase == "speed":
+            (b,) = t.batch_stats[1]["batch_stats"]
+            b["compute_infer"]["ns"] *= 1.5
+        return t
+
+
+def test_the_tune_reports_how_the_machine_speed_moved():
+    """The last calibration point is run again at the end: its batch's compute time, then and now."""
+    for sim, change in ((SimulatedTrials(), 0.0), (SlowsDown(), 0.5)):
+        search = Search(sim, Objective(SLO_MS), bound=16, max_trials=30, log=lambda s: None)
+        tuning = search.run(Knobs(16, 8000, 1))
+        search.speed_check(tuning)
+        assert sim.trials[-1].phase == "speed" and len(sim.trials) <= 30
+        assert tuning.speed["batch"] == 16 and tuning.speed["start_ms"] == pytest.approx(WORLD.t_ms(16))
+        assert tuning.speed["change"] == pytest.approx(change)
+    # no trial left: no check, and nothing claimed
+    sim = SimulatedTrials()
+    search = Search(sim, Objective(SLO_MS), bound=16, max_trials=6, log=lambda s: None)
+    tuning = search.run(Knobs(16, 8000, 1))
+    search.speed_check(tuning)
+    assert tuning.speed is None and len(sim.trials) <= 6
+
 def _run(n: int, ms: list[float], errors: int = 0, offered: bool = True) -> Trial:
     t = Trial(n, "confirm", "k", {}, "open", 1000.0, requests=len(ms) + errors, offered=offered,
               p95_ms=sorted(ms)[int(0.95 * len(ms)) - 1], error_ratio=errors / (len(ms) + errors))

@@ -111,6 +111,8 @@ class Tuning:
     policy_note: str = ""  # why the winner has no protective queue policy, when it has none
     noise_spread: float | None = None  # run-to-run spread of log P95 measured on this machine
     noise_repeats: int = 0  # repeated runs behind it (0: the prior alone)
+    # the machine's own speed at the start and the end: {"batch", "start_ms", "end_ms", "change"}
+    speed: dict | None = None
 
 
 class Search:
@@ -120,6 +122,9 @@ class Search:
         self.traits = traits  # what `tritonkit probe` found the server does with a bounded queue
         self.noise = Noise()
         self.cm: CostModel | None = None
+        # the last calibration run, to measure the machine's speed again at the end: (knobs,
+        # clients, its most executed batch size, that size's mean compute ms)
+        self.reference: tuple[Knobs, int, int, float] | None = None
 
     @property
     def budget_left(self) -> int:
@@ -280,8 +285,10 @@ class Search:
         points: list = []
         for clients in dict.fromkeys([1, max(1, self.bound // 2), max(2, 2 * self.bound)]):
             trial = self.t.run(k, self.t.closed_load(clients, seconds=1.0), "calibrate")
-            if trial.batch_stats:
-                points += batch_points(*trial.batch_stats)
+            if trial.batch_stats and (these := batch_points(*trial.batch_stats)):
+                points += these
+                b, _, ms = max(these, key=lambda p: p[1])
+                self.reference = (k, clients, b, ms)
         merged: dict[int, list] = {}
         for b, c, ms in points:
             m = merged.setdefault(b, [0, 0.0])
@@ -373,6 +380,23 @@ class Search:
         log(f"noise: P95 of one config at one rate varies by {self.noise.spread:.0%} from run to run here "
             f"({self.noise.repeats} repeated runs{'' if self.noise.repeats else ': the prior alone'})")
         return tuning
+
+    def speed_check(self, tuning: Tuning) -> None:
+        """Run the last calibration point again, if a trial is left, and record how the compute
+        time of one batch moved since the start: on a shared box it moves by tens of percent within
+        an hour, and every rate measured here moves with it (README "Decisions on a noisy machine")."""
+        if self.reference is None or self.final_left <= 0:
+            return
+        k, clients, b, start_ms = self.reference
+        self.log("== the machine's speed again: the last calibration run, repeated")
+        trial = self.t.run(k, self.t.closed_load(clients, seconds=1.0), "speed")
+        end_ms = next((ms for size, _, ms in batch_points(*trial.batch_stats) if size == b), None) \
+            if trial.batch_stats else None
+        if end_ms is None:
+            return
+        tuning.speed = {"batch": b, "start_ms": round(start_ms, 3), "end_ms": round(end_ms, 3),
+                        "change": round(end_ms / start_ms - 1, 3)}
+        self.log(f"  T({b}) {start_ms:.2f} ms at the start, {end_ms:.2f} ms now ({end_ms / start_ms - 1:+.0%})")
 
     def _ordered(self, ks: list[Knobs], cm: CostModel) -> list[Knobs]:
         if self.obj.rps:

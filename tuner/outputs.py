@@ -48,6 +48,7 @@ def log_json(model: str, tuning: Tuning, trials: list[Trial], seconds: float) ->
                       "margin": tuning.objective.margin, "target_p95_ms": round(tuning.objective.target_p95_ms, 3),
                       "rps": tuning.objective.rps, "max_error_ratio": tuning.objective.max_error_ratio},
         "noise": {"p95_spread": tuning.noise_spread, "repeated_runs": tuning.noise_repeats},
+        "speed": tuning.speed,
         "bound": tuning.bound,
         "cost_model": tuning.cost_model.to_json() if tuning.cost_model else None,
         "baseline": _score(tuning.baseline), "best": _score(tuning.best), "confirmed": tuning.confirmed,
@@ -145,6 +146,11 @@ def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial],
         lines += [f"Noise: the P95 of one config at one rate varied by {tuning.noise_spread:.0%} (log standard "
                   f"deviation) from run to run on this machine, from {tuning.noise_repeats} repeated runs; a "
                   "neighbour was kept only when it beat the incumbent in interleaved runs by more than that.", ""]
+    if tuning.speed:
+        sp = tuning.speed
+        lines += [f"Machine speed: one batch of {sp['batch']} took {sp['start_ms']:.2f} ms at the start of this "
+                  f"tune and {sp['end_ms']:.2f} ms at its end ({100 * sp['change']:+.0f}%). Rates measured on this "
+                  "machine at another time move with its speed.", ""]
     limited = [t.n for t in trials if t.generator_limited]
     if limited:
         lines += [f"The load generator, not the server, limited trials {', '.join(map(str, limited))} (see their "

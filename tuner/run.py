@@ -75,7 +75,9 @@ def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: P
                         input_data=input_data)
         tuning = None
         try:
-            tuning = Search(trials, objective, bound, max_trials, log, traits).run(from_spec(spec.model(model)))
+            search = Search(trials, objective, bound, max_trials, log, traits)
+            tuning = search.run(from_spec(spec.model(model)))
+            search.speed_check(tuning)
         finally:
             # Whatever happened, the repository holds the pre-tuning config until the winner is chosen.
             generate(spec, repo, models=[model])
