@@ -27,7 +27,7 @@ from tritonkit.spec import Batching, ModelSpec, QueuePolicy
 from tritonkit.tuner.bench import JUDGE_STEP, judge
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import DELAYS_US, Knobs, batch_sizes, grid
-from tritonkit.tuner.noise import Noise, clear, fitted_rate, majority, wins
+from tritonkit.tuner.noise import Noise, clear, fitted_rate, majority, spread_of, wins
 from tritonkit.tuner.offline import RATE_STEP, Objective, Score, Search, predict_p95
 from tritonkit.tuner.online import Controller, OnlineSettings, Window
 from tritonkit.tuner.pooled import holds, pooled
@@ -451,6 +451,8 @@ def test_the_noise_rules():
     # one run decides a rate only when it is far from the target
     assert clear(10.0, True, 25.0, 0.2) and not clear(22.0, True, 25.0, 0.2)
     assert clear(None, False, 25.0, 0.2) and clear(40.0, False, 25.0, 0.2) and not clear(28.0, False, 25.0, 0.2)
+    assert spread_of([566.0, 685.0, 650.0]) == pytest.approx(119 / 650)
+    assert spread_of([0.0, 0.0, 0.0]) is None and spread_of([500.0]) is None  # a bench side that never held
     assert majority([True]) is None and majority([True, False]) is None
     assert majority([True, True]) and majority([False, True, False]) is False
     # a win needs every pair and a mean gain beyond the noise of the mean

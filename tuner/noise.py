@@ -104,7 +104,8 @@ def fitted_rate(points: list[tuple[float, float]], target_ms: float) -> float | 
 
 
 def spread_of(values: list[float]) -> float | None:
-    """(max - min) / median of repeated figures: what a user sees between two runs."""
-    if len(values) < 2:
+    """(max - min) / median of repeated figures: what a user sees between two runs. None for fewer
+    than two, or when most are 0 (a config that held nowhere has no spread to give)."""
+    if len(values) < 2 or statistics.median(values) <= 0:
         return None
     return (max(values) - min(values)) / statistics.median(values)
