@@ -366,10 +366,18 @@ def test_bench_tuner_gives_the_tuner_its_share_of_the_grid_trials(tmp_path, monk
     monkeypatch.setattr(bench, "objective_for", lambda *a, **kw: Objective(SLO_MS))
     monkeypatch.setattr(bench, "max_batch_bound", lambda *a, **kw: 16)
     monkeypatch.setattr(bench, "from_spec", lambda m: Knobs(16, 8000, 1))
+    traits = ServerTraits("2.51.0", stalls=True, safe_instances=2)  # the spec has a bounded queue (128)
     out = bench.run_tuner_bench(SimulatedTrials.spec, "m", tmp_path, tmp_path, tmp_path, confirmations=2,
-                                log=lambda s: None)
+                                traits=traits, log=lambda s: None)
     grid_sim, tuner_sim, judged = sims
     f = out["figures"]
+    # the grid screens every config, one instance too, but neither side's winner is one the probe
+    # found stalling, and the judge measures none
+    assert any(t.knobs["instances"] == 1 for t in grid_sim.trials if t.phase == "grid")
+    assert f["grid"]["stalling_configs"] == 20 and f["grid"]["stalling_trials"] > 0
+    assert "x1" not in f["grid"]["best"] and "x1" not in f["tuner"]["best"], f
+    assert judged.trials and all(t.knobs["instances"] >= 2 for t in judged.trials)
+    assert f["trials_pct_of_safe_grid"] > f["trials_pct_of_grid"]
     assert f["tuner_budget"] == min(30, int(0.15 * len(grid_sim.trials))) >= len(tuner_sim.trials)
     assert f["trials_pct_of_grid"] <= 15
     assert len(f["tuner"]["confirmations_rps"]) == len(f["grid"]["confirmations_rps"]) == 2

@@ -5,13 +5,16 @@ delay and instance count, each screened by single runs on a rate ladder (doublin
 GRID_START_RPS, then the tuner's own RATE_STEP inside the last bracket). Both sides then decide by
 the same rules (tuner/noise.py): the grid's GRID_FINALISTS best screened configs get the tuner's
 majority-of-runs sustained rate (`Search.sustained`), and each side's winner is confirmed by the
-same `confirm` (three runs, pooled). The grid runs first: the tuner then gets TRIALS_SHARE of the
-grid's trials as its budget, the bound the comparison is about. Last, both winners are measured
-again `confirmations` times by `judge`: at the same rates, run for run interleaved (tuner, grid,
-tuner, ...), so that a drift of the machine hits both: the figures are the medians of those,
-with their spread. Reported: the tuner's figure as a percentage of the grid's, its trials and
-time as percentages of the grid's, and each search's own confirmed rate (what `tritonkit tune`
-would have written).
+same `confirm` (three runs, pooled). Both sides also obey `tritonkit probe` (passed in as the
+server's traits): the grid still screens every combination, as a brute-force search knows nothing
+of the server, but a config the probe found stalls the batcher is never a finalist, as the tuner
+never proposes one; the trials the grid spent on such configs are reported apart. The grid runs
+first: the tuner then gets TRIALS_SHARE of the grid's trials as its budget, the bound the
+comparison is about. Last, both winners are measured again `confirmations` times by `judge`: at the
+same rates, run for run interleaved (tuner, grid, tuner, ...), so that a drift of the machine hits
+both: the figures are the medians of those, with their spread. Reported: the tuner's figure as a
+percentage of the grid's, its trials and time as percentages of the grid's, and each search's own
+confirmed rate (what `tritonkit tune` would have written).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 from tritonkit.configs.generate import generate
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
+from tritonkit.server_traits import ServerTraits
 from tritonkit.spec import Spec
 from tritonkit.tuner.knobs import Knobs, batch_sizes, from_spec, grid
 from tritonkit.tuner.lock import repository_lock
@@ -73,7 +77,7 @@ def grid_capacity(trials: Trials, k: Knobs) -> Score:
 def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
                     p95_ms: float | None = None, max_trials: int = 30, probe: Probe | None = None,
                     margin: float = DEFAULT_MARGIN, confirmations: int = 3,
-                    log: Callable[[str], None] = print) -> dict:
+                    traits: ServerTraits | None = None, log: Callable[[str], None] = print) -> dict:
     objective = objective_for(spec, model, p95_ms, None, 0.01, margin)
     bound = max_batch_bound(spec, model)
     probe = probe or Probe()
@@ -91,10 +95,15 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
             t0, grid_trials = time.perf_counter(), trials()
             screened = sorted((s for s in (grid_capacity(grid_trials, k) for k in points) if s.rate),
                               key=lambda s: -s.rate)
-            # the same rules as the tuner's from here: majority-of-runs rates, then the same confirmation
-            rules = Search(grid_trials, objective, bound, 10 ** 6, log)
+            # the same rules as the tuner's from here: the probe's, majority-of-runs rates, then the
+            # same confirmation
+            rules = Search(grid_trials, objective, bound, 10 ** 6, log, traits)
+            stalling = {k.label() for k in points if rules.stalls(k)}
+            if stalling:
+                log(f"== {len(stalling)} of the grid's configs are no finalists: {traits.describe()}")
+            safe = [s for s in screened if s.knobs.label() not in stalling]
             log(f"== the grid's {GRID_FINALISTS} best, by the tuner's rules")
-            finalists = [rules.sustained(s.knobs, s.rate, "grid") for s in screened[:GRID_FINALISTS]]
+            finalists = [rules.sustained(s.knobs, s.rate, "grid") for s in safe[:GRID_FINALISTS]]
             ranked = sorted((s for s in finalists if s.passed), key=lambda s: (-s.rate, -s.value))
             grid_best = None
             if ranked:
@@ -107,7 +116,7 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
             log(f"==== the tuner: {budget} trials ({TRIALS_SHARE:.0%} of the grid's {len(grid_trials.trials)}, "
                 f"at most {max_trials})")
             t0, tuner_trials = time.perf_counter(), trials()
-            tuning = Search(tuner_trials, objective, bound, budget, log).run(from_spec(spec.model(model)))
+            tuning = Search(tuner_trials, objective, bound, budget, log, traits).run(from_spec(spec.model(model)))
             tuner_s = time.perf_counter() - t0
 
             log(f"==== both winners measured {confirmations} more times, interleaved, at the same rates")
@@ -129,7 +138,9 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
 
     t = side(sides["tuner"], tuner_trials.trials, tuner_s, "tuner", tuning.best)
     g = side(grid_best, grid_trials.trials, grid_s, "grid", ranked[0] if ranked else None)
-    g.update(configs=len(points), best_unconfirmed_rps=ranked[0].value if ranked else None)
+    g.update(configs=len(points), best_unconfirmed_rps=ranked[0].value if ranked else None,
+             stalling_configs=len(stalling),
+             stalling_trials=sum(1 for x in grid_trials.trials if x.label in stalling))
     t.update(noise_spread=tuning.noise_spread, margin=objective.margin)
     figures = {
         "objective": objective.describe(),
@@ -138,6 +149,8 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
         "confirmed_pct_of_grid": round(100 * t["confirmed_rps"] / g["confirmed_rps"], 1)
         if t["confirmed_rps"] and g["confirmed_rps"] else None,
         "trials_pct_of_grid": round(100 * t["trials"] / g["trials"], 1),
+        # against the grid's trials on the configs the probe allows: what a probe-aware grid would cost
+        "trials_pct_of_safe_grid": round(100 * t["trials"] / max(1, g["trials"] - g["stalling_trials"]), 1),
         "time_pct_of_grid": round(100 * tuner_s / grid_s, 1),
         "tuner_budget": budget,
         "targets": {"throughput_pct_at_least": 95, "trials_pct_at_most": round(100 * TRIALS_SHARE)},
@@ -205,6 +218,8 @@ def format_tuner_bench(f: dict) -> str:
         row("tuner", t), row("grid", g),
         f"tuner / grid: throughput {f['throughput_pct_of_grid']}%, trials {f['trials_pct_of_grid']}%, "
         f"time {f['time_pct_of_grid']}% (targets: >= 95% of the throughput in <= 15% of the trials)",
+        f"the grid spent {g['stalling_trials']} trials on {g['stalling_configs']} configs the probe found "
+        f"stalling; the tuner's trials are {f['trials_pct_of_safe_grid']}% of the rest",
         f"each search's own confirmed rate: tuner {t['confirmed_rps'] or 0:.0f}, grid {g['confirmed_rps'] or 0:.0f} "
         f"req/s ({f['confirmed_pct_of_grid']}%)",
     ])

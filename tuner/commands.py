@@ -13,6 +13,7 @@ from tritonkit.loadtests.bench import run_bench
 from tritonkit.loadtests.commands import FREE_PORTS, load_args, load_from
 from tritonkit.loadtests.footprint import run_footprint
 from tritonkit.loadtests.overload import run_overload_bench
+from tritonkit.loadtests.probe import known
 from tritonkit.loadtests.routing_bench import BenchSettings, run_routing_bench
 from tritonkit.loadtests.serving_bench import run_serving_bench
 from tritonkit.server import read_state
@@ -78,8 +79,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
         raise_flag_problems([("--confirmations", a.confirmations >= 1, "confirm each winner at least once, e.g. 3")])
         spec = load_spec(a.spec, a.repo)
         model = a.model or spec.models[0].name
+        traits = known(a.state_dir, say)  # both sides obey the probe, as `tritonkit tune` does
+        say(traits.describe())
         run_tuner_bench(spec, model, a.repo, a.state_dir, a.out, p95_ms=s.p95_ms, max_trials=s.max_trials,
-                        margin=s.margin, probe=Probe(max_s=s.max_trial_s), confirmations=a.confirmations, log=say)
+                        margin=s.margin, probe=Probe(max_s=s.max_trial_s), confirmations=a.confirmations,
+                        traits=traits, log=say)
         say(f"wrote {a.out / 'bench_tuner.json'}")
     elif a.what == "overload":
         spec = load_spec(a.spec, a.repo)
