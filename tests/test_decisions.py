@@ -340,6 +340,36 @@ def test_a_rate_holds_by_the_requests_of_its_runs_pooled():
     p = pooled([_run(1, quick), _run(2, slow), _run(3, quick)])
     assert p.requests == 300 and p.p95_ms == 40.0 and p.p50_ms == 10.0 and p.note.startswith("3 runs pooled")
 
+def test_the_grid_starts_lower_on_a_box_where_no_config_holds_its_first_rung():
+    """A box slower than the grid's ladder assumes (issue #15's slowest hour held about 100 req/s):
+    every config fails 200 req/s, so the grid screens all again from half the rate, and ends with
+    figures rather than none."""
+    from tritonkit.tuner import bench
+
+    class SlowBox:
+        def __init__(self):
+            self.trials: list[Trial] = []
+
+        def open_load(self, rate: float) -> Load:
+            return Load(rate=rate, duration_s=3, warmup_s=0.5, drain_s=1)
+
+        def run(self, k: Knobs, load: Load, phase: str, classes=None) -> Trial:
+            t = Trial(len(self.trials) + 1, phase, k.label(), k.to_json(), load.describe(), load.rate)
+            t.passed, t.ok_rps = load.rate <= 30 * k.instances, load.rate
+            self.trials.append(t)
+            return t
+
+    box = SlowBox()
+    screened = bench.screen(box, [Knobs(16, 0, 1), Knobs(16, 0, 2)])
+    # 50 req/s is the first start that any config holds: one instance (30 req/s) fails it too
+    assert [(s.knobs.instances, round(s.rate, 1)) for s in screened] == [(2, 57.5)]
+    assert [t.rate for t in box.trials if t.label == Knobs(16, 0, 1).label()] == [200, 100, 50]
+    # where nothing holds even the lowest start, no figure rather than an endless ladder
+    never = SlowBox()
+    never.run = lambda k, load, phase, classes=None: Trial(1, phase, k.label(), k.to_json(), "", load.rate)
+    assert bench.screen(never, [Knobs(16, 0, 1)]) == []
+
+
 def test_bench_tuner_gives_the_tuner_its_share_of_the_grid_trials(tmp_path, monkeypatch):
     """The whole bench on WORLD: the grid runs first, the tuner gets 15% of the grid's trials as its
     budget, both winners are measured again, and the figures and the JSON say so."""

@@ -2,19 +2,19 @@
 
 The grid is what Model Analyzer's brute-force search does: every combination of max batch, queue
 delay and instance count, each screened by single runs on a rate ladder (doubling from
-GRID_START_RPS, then the tuner's own RATE_STEP inside the last bracket). Both sides then decide by
-the same rules (tuner/noise.py): the grid's GRID_FINALISTS best screened configs get the tuner's
-majority-of-runs sustained rate (`Search.sustained`), and each side's winner is confirmed by the
-same `confirm` (three runs, pooled). Both sides also obey `tritonkit probe` (passed in as the
-server's traits): the grid still screens every combination, as a brute-force search knows nothing
-of the server, but a config the probe found stalls the batcher is never a finalist, as the tuner
-never proposes one; the trials the grid spent on such configs are reported apart. The grid runs
-first: the tuner then gets TRIALS_SHARE of the grid's trials as its budget, the bound the
-comparison is about. Last, both winners are measured again `confirmations` times by `judge`: at the
-same rates, run for run interleaved (tuner, grid, tuner, ...), so that a drift of the machine hits
-both: the figures are the medians of those, with their spread. Reported: the tuner's figure as a
-percentage of the grid's, its trials and time as percentages of the grid's, and each search's own
-confirmed rate (what `tritonkit tune` would have written).
+GRID_START_RPS, or lower where no config holds that, then the tuner's own RATE_STEP inside the last
+bracket). Both sides then decide by the same rules (tuner/noise.py): the grid's GRID_FINALISTS best
+screened configs get the tuner's majority-of-runs sustained rate (`Search.sustained`), and each
+side's winner is confirmed by the same `confirm` (three runs, pooled). Both sides also obey
+`tritonkit probe` (passed in as the server's traits): the grid still screens every combination, as
+a brute-force search knows nothing of the server, but a config the probe found stalls the batcher
+is never a finalist, as the tuner never proposes one; the trials the grid spent on such configs are
+reported apart. The grid runs first: the tuner then gets TRIALS_SHARE of the grid's trials as its
+budget, the bound the comparison is about. Last, both winners are measured again `confirmations`
+times by `judge`: at the same rates, run for run interleaved (tuner, grid, tuner, ...), so that a
+drift of the machine hits both: the figures are the medians of those, with their spread. Reported:
+the tuner's figure as a percentage of the grid's, its trials and time as percentages of the grid's,
+and each search's own confirmed rate (what `tritonkit tune` would have written).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from tritonkit.tuner.settings import DEFAULT_MARGIN
 from tritonkit.tuner.trials import LocalServer, Probe, Trial, Trials
 
 GRID_START_RPS = 200.0  # a coarse ladder: a config that cannot serve this is nowhere near the best
+GRID_MIN_RPS = 25.0  # ... unless none can: on a slow box the ladder starts at half, down to this
 GRID_MAX_RPS = 6400.0
 GRID_FINALISTS = 3  # screened configs that get the majority-of-runs rate search
 # The claim under test is "most of the grid's throughput for a fraction of its trials": the grid
@@ -53,9 +54,21 @@ MIN_TUNER_TRIALS = 12
 JUDGE_STEP = 1.05
 
 
-def grid_capacity(trials: Trials, k: Knobs) -> Score:
+def screen(trials: Trials, points: list[Knobs]) -> list[Score]:
+    """Every config up the rate ladder, best first. Where none held the first rung (a box slower
+    than the ladder assumes), all of them again from half that rate, down to GRID_MIN_RPS, so
+    that the grid has a figure wherever the tuner can have one."""
+    start = GRID_START_RPS
+    while True:
+        screened = [s for s in (grid_capacity(trials, k, start) for k in points) if s.rate]
+        if screened or start / 2 < GRID_MIN_RPS:
+            return sorted(screened, key=lambda s: -s.rate)
+        start /= 2
+
+
+def grid_capacity(trials: Trials, k: Knobs, start: float = GRID_START_RPS) -> Score:
     """One screening run per rung: the last rate that passed, none when the first failed."""
-    rate, passed = GRID_START_RPS, None
+    rate, passed = start, None
     while rate <= GRID_MAX_RPS:
         t = trials.run(k, trials.open_load(rate), "grid")
         if not t.passed:
@@ -93,8 +106,7 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
             points = grid(batch_sizes(bound))
             log(f"==== the grid: {len(points)} configs")
             t0, grid_trials = time.perf_counter(), trials()
-            screened = sorted((s for s in (grid_capacity(grid_trials, k) for k in points) if s.rate),
-                              key=lambda s: -s.rate)
+            screened = screen(grid_trials, points)
             # the same rules as the tuner's from here: the probe's, majority-of-runs rates, then the
             # same confirmation
             rules = Search(grid_trials, objective, bound, 10 ** 6, log, traits)
