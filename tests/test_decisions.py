@@ -443,6 +443,38 @@ def test_a_search_where_nothing_held_still_ends_in_a_confirmed_figure():
     assert len(sim.trials) <= 20
 
 
+class SlowerWhenConfirming(SimulatedTrials):
+    """WORLD, except that the confirmation's runs meet the SLO only at 70% of its first rate or
+    less (the box slowed down after the search): a clear fail above, an easy pass below. Its
+    batcher collapses under overload, so the winner has no protective policy to confirm first (as
+    in the bench run this reproduces)."""
+
+    def __init__(self):
+        super().__init__(collapses=True)
+        self.first: float | None = None
+
+    def run(self, k: Knobs, load: Load, phase: str, classes=None) -> Trial:
+        t = super().run(k, load, phase)
+        if phase == "confirm":
+            self.first = self.first or load.rate
+            t.p95_ms = 0.5 * SLO_MS if load.rate <= 0.7 * self.first else 2 * SLO_MS
+            t.passed = t.p95_ms <= SLO_MS
+        return with_latencies(t)
+
+
+def test_the_confirmation_steps_down_while_its_trials_last():
+    """A box that slowed after the search fails the winner's rate and the next two rungs down: the
+    confirmation goes on stepping down with the trials the budget kept for it (it used to stop
+    after three rates and leave them unused), and confirms what the box now sustains."""
+    sim = SlowerWhenConfirming()
+    tuning = Search(sim, Objective(SLO_MS), bound=16, max_trials=30, log=lambda s: None).run(Knobs(16, 8000, 1))
+    rates = sorted({round(t.rate) for t in sim.trials if t.phase == "confirm"}, reverse=True)
+    assert len(rates) == 4, rates  # the fourth rung down: past the three the confirmation used to stop at
+    assert tuning.confirmed and tuning.best.rate <= 0.7 * sim.first
+    assert tuning.best.rate >= 0.7 * sim.first / RATE_STEP  # the first rung that holds, not lower
+    assert len(sim.trials) <= 30
+
+
 class LuckyOnce(SimulatedTrials):
     """WORLD, except that `k` runs at `factor` times the P95 that `like` has in WORLD, and its first
     run is lucky: half of that (what one short run on a noisy box can show)."""
