@@ -130,8 +130,13 @@ class Search:
     def budget_left(self) -> int:
         """Trials the search may still use; the last few are kept for the overload check and the
         confirmation, so that `max_trials` is never exceeded."""
-        # a fixed target rate is confirmed at that rate only: one set of three pooled runs
-        return self.max_trials - len(self.t.trials) - (FINAL_TRIALS - RUNS if self.obj.rps else FINAL_TRIALS)
+        return self.max_trials - len(self.t.trials) - self.reserved
+
+    @property
+    def reserved(self) -> int:
+        """Trials kept for the end: the overload checks and the confirmation (a fixed target rate
+        is confirmed at that rate only: one set of three pooled runs)."""
+        return FINAL_TRIALS - RUNS if self.obj.rps else FINAL_TRIALS
 
     @property
     def final_left(self) -> int:
@@ -264,18 +269,6 @@ class Search:
         rate = min(max(rate, s.rate / RATE_STEP), s.rate * RATE_STEP)
         self.log(f"    rate read from {len(near)} runs: {rate:.0f} req/s (ladder: {s.rate:.0f})")
         return replace(s, rate=rate)
-
-    def better(self, a: Score, b: Score) -> bool:
-        """Is `a` better than `b`? Sustained rates are majority verdicts on one ladder and compare as
-        they are; at the same rate (or a fixed one) the typical P95 must be lower by the noise."""
-        if not a.passed:
-            return False
-        if not b.passed:
-            return True
-        if not self.obj.rps and a.rate is not None and b.rate is not None and abs(a.rate / b.rate - 1) > 1e-6:
-            return a.rate > b.rate
-        pa, pb = self.noise.typical(_key(a.knobs, a.rate)), self.noise.typical(_key(b.knobs, b.rate))
-        return pa is not None and pb is not None and wins([(pa, pb)], self.noise.spread)
 
     # -- the model-guided start -------------------------------------------------------------------
 
@@ -423,7 +416,7 @@ class Search:
                  "pass/fail below is each run's against the search's target")
         # down the ladder as far as the trials left allow (bench tuner, run 3: the rate a box slowed
         # under at the end held a fourth rung down, with three trials of the budget left unused)
-        confirmed = confirm(self.t, candidates, rate, step_down=not self.obj.rps, tries=MAX_STEPS_DOWN,
+        confirmed = confirm(self.t, candidates, rate, step_down=not self.obj.rps,
                             limit=self.final_left, objective=self.obj)
         if confirmed is not None:
             tuning.best, tuning.confirmed = confirmed, True
@@ -438,7 +431,7 @@ class Search:
             return
         self.log(f"== nothing held the target within the search; the spec's own config from "
                  f"{min(rates) / RATE_STEP:.0f} req/s down, three pooled runs at the SLO itself")
-        confirmed = confirm(self.t, [k], min(rates) / RATE_STEP, step_down=True, tries=MAX_STEPS_DOWN,
+        confirmed = confirm(self.t, [k], min(rates) / RATE_STEP, step_down=True,
                             limit=self.final_left, objective=self.obj)
         if confirmed is not None:
             tuning.best, tuning.confirmed = confirmed, True
@@ -454,7 +447,7 @@ class Search:
             tuning.policy_note = why
             return None
         for attempt in (candidate, tightened(candidate)):
-            if self.final_left < len(OVERLOAD_FACTORS) + (RUNS if self.obj.rps else 2 * RUNS):
+            if self.final_left < self.reserved:
                 break  # the confirmation's trials stay reserved
             self.log(f"   overload check of {attempt.label()} at "
                      f"{', '.join(f'{f:g}x' for f in OVERLOAD_FACTORS)} {capacity:.0f} req/s")
@@ -481,13 +474,14 @@ class Search:
 
 
 def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: bool, objective: Objective,
-            tries: int = 3, limit: int | None = None) -> Score | None:
+            limit: int | None = None) -> Score | None:
     """Measure again at `rate`: a candidate is confirmed where its runs, pooled, meet the SLO itself
     (`held`; the search aimed at the SLO less the margin), and the first one confirmed wins (later
-    ones are fallbacks). A rate that does not hold steps down, `tries` rates at most; a fixed
-    target rate is the only rate tried. At most `limit` trials."""
-    end = len(trials.trials) + (limit if limit is not None else tries * RUNS * len(candidates))
-    for r in [rate / RATE_STEP ** i for i in range(tries)] if step_down else [rate]:
+    ones are fallbacks). A rate that does not hold steps down, MAX_STEPS_DOWN rates at most (the
+    tuner's and the bench grid's winners alike); a fixed target rate is the only rate tried. At
+    most `limit` trials."""
+    end = len(trials.trials) + (limit if limit is not None else MAX_STEPS_DOWN * RUNS * len(candidates))
+    for r in [rate / RATE_STEP ** i for i in range(MAX_STEPS_DOWN)] if step_down else [rate]:
         for k in candidates:
             runs: list[Trial] = []
             while (verdict := held(runs, objective)) is None:
