@@ -135,9 +135,11 @@ def probe(state_dir: Path, log: Callable[[str], None], url: str | None = None) -
 
 
 def known(state_dir: Path, log: Callable[[str], None]) -> ServerTraits:
-    """The bundled server's traits: from the cache, or probed now (once per server version)."""
+    """The bundled server's traits: from the cache, or probed now (once per server version), and
+    what they mean for the configs a tuner may propose, logged."""
     traits = server_traits.cached_local(find_install().fingerprint)
     if traits is None:
         log("== probing the bundled tritonserver once (cached per version; `tritonkit probe` to redo)")
         traits = probe(state_dir, log)
+    log(traits.describe())
     return traits

@@ -37,7 +37,7 @@ from tritonkit.tuner.noise import spread_of
 from tritonkit.tuner.offline import RATE_STEP, Objective, Score, Search, confirm, held
 from tritonkit.tuner.pooled import pooled
 from tritonkit.tuner.run import max_batch_bound, objective_for
-from tritonkit.tuner.settings import DEFAULT_MARGIN
+from tritonkit.tuner.settings import DEFAULT_MARGIN, TuneSettings
 from tritonkit.tuner.trials import LocalServer, Probe, Trial, Trials
 
 GRID_START_RPS = 200.0  # a coarse ladder: a config that cannot serve this is nowhere near the best
@@ -88,10 +88,11 @@ def grid_capacity(trials: Trials, k: Knobs, start: float = GRID_START_RPS) -> Sc
 
 
 def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
-                    p95_ms: float | None = None, max_trials: int = 30, probe: Probe | None = None,
+                    p95_ms: float | None = None, max_trials: int = TuneSettings.max_trials,
+                    probe: Probe | None = None,
                     margin: float = DEFAULT_MARGIN, confirmations: int = 3,
                     traits: ServerTraits | None = None, log: Callable[[str], None] = print) -> dict:
-    objective = objective_for(spec, model, p95_ms, None, 0.01, margin)
+    objective = objective_for(spec, model, p95_ms, None, TuneSettings.max_errors, margin)
     bound = max_batch_bound(spec, model)
     probe = probe or Probe()
     with repository_lock(repo):
@@ -229,7 +230,8 @@ def format_tuner_bench(f: dict) -> str:
         f"{'':<8}{'best config':<40}{'req/s':>9}{'spread':>8}{'trials':>8}{'seconds':>9}   confirmations (req/s)",
         row("tuner", t), row("grid", g),
         f"tuner / grid: throughput {f['throughput_pct_of_grid']}%, trials {f['trials_pct_of_grid']}%, "
-        f"time {f['time_pct_of_grid']}% (targets: >= 95% of the throughput in <= 15% of the trials)",
+        f"time {f['time_pct_of_grid']}% (targets: >= {f['targets']['throughput_pct_at_least']}% of the throughput "
+        f"in <= {f['targets']['trials_pct_at_most']}% of the trials)",
         f"the grid spent {g['stalling_trials']} trials on {g['stalling_configs']} configs the probe found "
         f"stalling; the tuner's trials are {f['trials_pct_of_safe_grid']}% of the rest",
         f"each search's own confirmed rate: tuner {t['confirmed_rps'] or 0:.0f}, grid {g['confirmed_rps'] or 0:.0f} "

@@ -44,7 +44,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
                      max_batch=a.max_batch, interval_s=a.interval, cooldown_s=a.cooldown, duration_s=a.duration,
                      margin=a.margin, max_trial_s=a.max_trial_s)
     if a.online:
-        # The sidecar reads the spec for the SLO only: no ONNX file where it runs, so no graph rules.
+        # The sidecar reads the spec for the SLO and the key only: no ONNX file where it runs, so no graph rules.
         spec = parse_spec(a.spec)
         # The server `tritonkit serve` started from here, unless --url names another one.
         local = read_state(a.state_dir)
@@ -80,7 +80,6 @@ def cmd_bench(a: argparse.Namespace) -> int:
         spec = load_spec(a.spec, a.repo)
         model = a.model or spec.models[0].name
         traits = known(a.state_dir, say)  # both sides obey the probe, as `tritonkit tune` does
-        say(traits.describe())
         run_tuner_bench(spec, model, a.repo, a.state_dir, a.out, p95_ms=s.p95_ms, max_trials=s.max_trials,
                         margin=s.margin, probe=Probe(max_s=s.max_trial_s), confirmations=a.confirmations,
                         traits=traits, log=say)
@@ -131,8 +130,9 @@ def register(sub) -> None:
     sp.add_argument("--p95-ms", type=float, help="the P95 SLO (default: the model's slo.p95_ms)")
     sp.add_argument("--rps", type=float, help="offline: the lowest P95 at this rate (default: the highest rate "
                                               "that meets the SLO)")
-    sp.add_argument("--max-trials", type=int, default=30, help="offline: measurement runs at most")
-    sp.add_argument("--max-errors", type=float, default=0.01, help="offline: error ratio a trial may have")
+    sp.add_argument("--max-trials", type=int, default=TuneSettings.max_trials, help="offline: measurement runs at most")
+    sp.add_argument("--max-errors", type=float, default=TuneSettings.max_errors,
+                    help="offline: error ratio a trial may have")
     sp.add_argument("--max-batch", type=int, help="offline: the largest max batch to try (default: the spec's; "
                                                   "never above the memory plan's bound)")
     _noise_args(sp)
@@ -148,8 +148,10 @@ def register(sub) -> None:
     sp.add_argument("--url", help="online: Triton's gRPC HOST:PORT (default 127.0.0.1:8001)")
     sp.add_argument("--metrics-url", help="online: accepted for the sidecar; the decisions use the statistics API")
     sp.add_argument("--dry-run", action="store_true", help="online: only log what would change")
-    sp.add_argument("--interval", type=float, default=5.0, help="online: seconds per observation window")
-    sp.add_argument("--cooldown", type=float, default=15.0, help="online: seconds between two changes")
+    sp.add_argument("--interval", type=float, default=TuneSettings.interval_s,
+                    help="online: seconds per observation window")
+    sp.add_argument("--cooldown", type=float, default=TuneSettings.cooldown_s,
+                    help="online: seconds between two changes")
     sp.add_argument("--duration", type=float, help="online: stop after this many seconds (default: until Ctrl-C)")
     sp.set_defaults(func=cmd_tune)
 
@@ -165,7 +167,7 @@ def register(sub) -> None:
     sp.add_argument("--model", help="tuner, overload: the model (default: the spec's first)")
     sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
     sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
-    sp.add_argument("--max-trials", type=int, default=30, help="tuner: the tuner's trial budget")
+    sp.add_argument("--max-trials", type=int, default=TuneSettings.max_trials, help="tuner: the tuner's trial budget")
     sp.add_argument("--p95-ms", type=float, help="tuner: the P95 SLO (default: the model's slo.p95_ms)")
     _noise_args(sp)
     sp.add_argument("--confirmations", type=int, default=3,
@@ -189,6 +191,6 @@ def _noise_args(sp) -> None:
     sp.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                     help="offline: share of the SLO held back; trials must meet the SLO times (1 - margin) "
                          f"(default {DEFAULT_MARGIN})")
-    sp.add_argument("--max-trial-s", type=float, default=8.0,
+    sp.add_argument("--max-trial-s", type=float, default=TuneSettings.max_trial_s,
                     help="offline: the longest steady window of one trial (each holds about 3000 requests "
                          "at its rate, within this)")

@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass
 
 STAGES = ("compute_input", "compute_infer", "compute_output")
+MIN_EXECUTIONS = 3  # a batch size Triton ran fewer times than this is noise in the fit (unless it is all)
+UTILISATION = 0.7  # the share of a batch size's capacity a rate may fill: the rest is queueing headroom
 
 
 @dataclass(frozen=True)
@@ -30,9 +32,9 @@ class CostModel:
         """Compute time of one execution of batch `b`."""
         return self.c_fixed_ms + b * self.c_per_ms
 
-    def capacity(self, b: int, instances: int = 1, cores: float | None = None) -> float:
+    def capacity(self, b: int, instances: int = 1) -> float:
         """Requests per second that batches of `b` can serve."""
-        return parallelism(instances, cores) * b / (self.t_ms(b) / 1e3)
+        return parallelism(instances) * b / (self.t_ms(b) / 1e3)
 
     def p95_ms(self, b: int, delay_us: int) -> float:
         return delay_us / 1e3 + 2 * self.t_ms(b)
@@ -42,11 +44,10 @@ class CostModel:
                 "points": [list(p) for p in self.points]}
 
 
-def parallelism(instances: int, cores: float | None = None) -> float:
+def parallelism(instances: int) -> float:
     """Instances beyond the cores left after Triton's own threads and the load generator (about
     half a core together) run no faster in parallel."""
-    cores = (os.cpu_count() or 1) if cores is None else cores
-    return max(1.0, min(float(instances), cores - 0.5))
+    return max(1.0, min(float(instances), (os.cpu_count() or 1) - 0.5))
 
 
 def batch_points(before: dict, after: dict) -> list[tuple[int, int, float]]:
@@ -68,12 +69,12 @@ def batch_points(before: dict, after: dict) -> list[tuple[int, int, float]]:
     return points
 
 
-def fit(points: list[tuple[int, int, float]], min_executions: int = 3) -> CostModel:
+def fit(points: list[tuple[int, int, float]]) -> CostModel:
     """Weighted least squares of mean compute time on batch size; weights are execution counts.
 
     With one batch size only, the fixed share cannot be told apart: all of it is taken as per-item
     cost (batching then looks useless, so the tuner measures rather than trusts it)."""
-    pts = [p for p in points if p[1] >= min_executions] or list(points)
+    pts = [p for p in points if p[1] >= MIN_EXECUTIONS] or list(points)
     if not pts:
         raise ValueError("no executions to fit: the calibration run sent no requests that Triton ran")
     w = [float(c) for _, c, _ in pts]
@@ -91,11 +92,10 @@ def fit(points: list[tuple[int, int, float]], min_executions: int = 3) -> CostMo
     return CostModel(intercept, slope, tuple(pts))
 
 
-def batch_for_rate(model: CostModel, rate: float, max_batch: int, instances: int = 1,
-                   utilisation: float = 0.7) -> int:
-    """The smallest power-of-two batch (up to `max_batch`) that serves `rate` at the given utilisation."""
+def batch_for_rate(model: CostModel, rate: float, max_batch: int, instances: int = 1) -> int:
+    """The smallest power-of-two batch (up to `max_batch`) that serves `rate` at UTILISATION."""
     b = 1
-    while b < max_batch and model.capacity(b, instances) * utilisation < rate:
+    while b < max_batch and model.capacity(b, instances) * UTILISATION < rate:
         b *= 2
     return min(b, max_batch)
 

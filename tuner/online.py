@@ -32,19 +32,20 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonkit.clients import Client, TritonRequestError
-from tritonkit.errors import ServerError, input_error
+from tritonkit.errors import ServerError
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.loadtests.server_stats import breakdown
 from tritonkit.spec import Spec
 from tritonkit.tuner.apply import load_verified
 from tritonkit.tuner.costmodel import CostModel, batch_for_rate, batch_points, delay_for, fit
+from tritonkit.tuner.settings import TuneSettings, slo_for
 
 
 @dataclass(frozen=True)
 class OnlineSettings:
-    interval_s: float = 5.0
-    cooldown_s: float = 15.0
+    interval_s: float = TuneSettings.interval_s
+    cooldown_s: float = TuneSettings.cooldown_s
     dry_run: bool = False
     max_delay_us: int = 20000
     hysteresis: float = 1.5  # the setpoint must differ by this factor (or turn batching on/off)
@@ -69,9 +70,7 @@ class Window:
 
 @dataclass
 class Change:
-    at_window: int
     before: mc.ModelConfig
-    after: mc.ModelConfig
     reference: Window  # the window before the change, to judge the one after it
 
 
@@ -169,7 +168,7 @@ class Controller:
         del after.dynamic_batching.preferred_batch_size[:]
         after.dynamic_batching.preferred_batch_size.extend(preferred)
         if self._apply(after):
-            st.in_flight = Change(n, self._copy(self.config), after, w)
+            st.in_flight = Change(self._copy(self.config), w)
             st.last_change_t, st.changes = now_t, st.changes + 1
             before = self.config
             self.config = after
@@ -225,12 +224,10 @@ def run_online(spec: Spec, model: str, url: str, settings: OnlineSettings, *,
                repo: Path | None = None, p95_ms: float | None = None, duration_s: float | None = None,
                out_dir: Path | None = None, key_headers: dict[str, str] | None = None,
                log: Callable[[str], None] = print) -> OnlineState:
-    """Watch and adjust until `duration_s` passes or Ctrl-C. The spec is only read for the SLO
-    (no ONNX file is needed: the sidecar runs next to the server, not next to the models)."""
-    slo = p95_ms or spec.model(model).slo.p95_ms
-    if not slo:
-        raise input_error(spec.shown, f"models[{model}].slo.p95_ms", "the online tuner needs a P95 SLO",
-                          "set slo.p95_ms or pass --p95-ms")
+    """Watch and adjust until `duration_s` passes or Ctrl-C. The spec is only read for the SLO and
+    the restricted key's header (no ONNX file is needed: the sidecar runs next to the server, not
+    next to the models)."""
+    slo = slo_for(spec, model, p95_ms)
     headers = key_headers if key_headers is not None else _key_headers(spec)
     with Client(url, "grpc", headers) as client:
         ctl = Controller(client, model, slo, settings, repo, log)

@@ -121,7 +121,7 @@ def plot_trials(path: Path, trials: list[Trial], tuning: Tuning) -> None:
     write_bytes_atomic(path, buf.getvalue())
 
 
-def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial], log: dict) -> Path:
+def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial], seconds: float) -> Path:
     plot_trials(Path(out_dir) / "trials.png", trials, tuning)
     b, w = tuning.baseline, tuning.best
 
@@ -137,7 +137,7 @@ def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial],
              "| | config | req/s | P95 ms | errors |", "| --- | --- | --- | --- | --- |",
              line("before", b), line("after", w), "",
              f"Confirmed by a second measurement: {'yes' if tuning.confirmed else 'no'}. "
-             f"Search stopped: {tuning.stopped_because}. {len(trials)} trials in {log['seconds']:.0f} s.", ""]
+             f"Search stopped: {tuning.stopped_because}. {len(trials)} trials in {seconds:.0f} s.", ""]
     o = tuning.objective
     if o.margin:
         lines += [f"Margin: every trial had to meet P95 <= {o.target_p95_ms:.3g} ms, the SLO less {o.margin:.0%}, "

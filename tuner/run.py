@@ -14,14 +14,13 @@ from pathlib import Path
 
 from tritonkit.build_engines.plan import serving_max_batch
 from tritonkit.configs.generate import generate
-from tritonkit.errors import InputError, Problem
 from tritonkit.loadtests.probe import known
 from tritonkit.spec import Spec
 from tritonkit.tuner import outputs
 from tritonkit.tuner.knobs import from_spec
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.offline import Objective, Search, Tuning
-from tritonkit.tuner.settings import DEFAULT_MARGIN
+from tritonkit.tuner.settings import DEFAULT_MARGIN, TuneSettings, slo_for
 from tritonkit.tuner.trials import LocalServer, Probe, Trials
 
 
@@ -45,18 +44,13 @@ def max_batch_bound(spec: Spec, model: str, limit: int | None = None) -> int:
 
 def objective_for(spec: Spec, model: str, p95_ms: float | None, rps: float | None,
                   max_error_ratio: float, margin: float = DEFAULT_MARGIN) -> Objective:
-    m = spec.model(model)
-    slo = p95_ms or m.slo.p95_ms
-    if not slo:
-        raise InputError([Problem(spec.shown, f"models[{spec.models.index(m)}].slo.p95_ms",
-                                  "the tuner needs a P95 SLO", "set slo.p95_ms in the spec or pass --p95-ms")])
-    return Objective(slo, rps, max_error_ratio, margin)
+    return Objective(slo_for(spec, model, p95_ms), rps, max_error_ratio, margin)
 
 
 def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
-                 p95_ms: float | None = None, rps: float | None = None, max_trials: int = 30,
-                 max_error_ratio: float = 0.01, max_batch: int | None = None, probe: Probe | None = None,
-                 margin: float = DEFAULT_MARGIN,
+                 p95_ms: float | None = None, rps: float | None = None,
+                 max_trials: int = TuneSettings.max_trials, max_error_ratio: float = TuneSettings.max_errors,
+                 max_batch: int | None = None, probe: Probe | None = None, margin: float = DEFAULT_MARGIN,
                  write_decision: bool = True, input_data: Path | None = None,
                  log: Callable[[str], None] = print) -> TuneResult:
     """`spec` is the command's resolved spec (configs.loader, against `repo`): a model that
@@ -65,7 +59,6 @@ def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: P
     bound = max_batch_bound(spec, model, max_batch)
     t0 = time.perf_counter()
     traits = known(state_dir, log)  # what the server does with a bounded queue, probed once per version
-    log(traits.describe())
     with repository_lock(repo):
         generate(spec, repo)
         server = LocalServer(spec, repo, state_dir, model, log)
@@ -87,8 +80,7 @@ def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: P
                 outputs.write_log(out_dir, outputs.partial_log(model, trials.trials))
         seconds = time.perf_counter() - t0
         files = outputs.write_log(out_dir, outputs.log_json(model, tuning, trials.trials, seconds))
-        files["report.md"] = outputs.write_report(out_dir, model, tuning, trials.trials,
-                                                  {"seconds": seconds})
+        files["report.md"] = outputs.write_report(out_dir, model, tuning, trials.trials, seconds)
         if write_decision and tuning.confirmed:
             files["tuned.yaml"] = outputs.write_tuned(spec, model, tuning.best.knobs)
             # what tuned.yaml now says, applied in memory: the decision and the repository agree

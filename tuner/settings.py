@@ -4,12 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tritonkit.errors import raise_flag_problems
+from tritonkit.errors import input_error, raise_flag_problems
+from tritonkit.spec import Spec
 
 # Share of the SLO the tuner holds back: its trials must meet 90% of it, so that the written config
 # still meets the SLO on a minute when this machine runs 10% slower; the confirmation then checks
 # the SLO itself on three runs pooled (issue #15 measured runs 20% apart).
 DEFAULT_MARGIN = 0.1
+
+
+def slo_for(spec: Spec, model: str, p95_ms: float | None) -> float:
+    """The P95 SLO every tuner aims at: --p95-ms, else the model's slo.p95_ms."""
+    m = spec.model(model)
+    slo = p95_ms or m.slo.p95_ms
+    if not slo:
+        raise input_error(spec.shown, f"models[{spec.models.index(m)}].slo.p95_ms", "the tuner needs a P95 SLO",
+                          "set slo.p95_ms in the spec or pass --p95-ms")
+    return slo
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from tritonkit.spec import Spec
 from tritonkit.stats import percentile
 from tritonkit.tuner.apply import LiveConfig
 from tritonkit.tuner.knobs import Knobs
+from tritonkit.tuner.settings import TuneSettings
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Probe:
     duration_s: float = 2.0
     drain_s: float = 2.0
     requests: int = 3000
-    max_s: float = 8.0
+    max_s: float = TuneSettings.max_trial_s
 
     def window_s(self, rate: float) -> float:
         return round(min(self.max_s, max(self.duration_s, self.requests / rate)), 2)
@@ -176,10 +177,8 @@ class Trials:
         o = result["overall"]
         t.requests = o["requests"]
         t.ok_rps = round(o["throughput_rps"], 1)
-        for q in ("p50", "p99"):
-            v = o[f"{q}_ms"]
-            setattr(t, f"{q}_ms", None if v != v else round(v, 3))  # NaN when nothing succeeded
-        t.client_p95_ms = None if o["p95_ms"] != o["p95_ms"] else round(o["p95_ms"], 3)
+        # NaN percentiles (nothing succeeded) are None
+        t.p50_ms, t.p99_ms, t.client_p95_ms = _round(o["p50_ms"]), _round(o["p99_ms"]), _round(o["p95_ms"])
         # The figure decided on: each request's latency less the generator's stalls while it was in
         # flight (loadtests/stalls.py), so that a hiccup of the generator does not fail a good config.
         own = without_stalls(out.samples, out.stalls)
