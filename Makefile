@@ -72,12 +72,14 @@ loadtest: $(STAMP) $(SAMPLE)
 sweep: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit sweep --spec $(SPEC) --repo $(REPO) --model $(MODEL) --rate $(RATE) --duration $(DURATION)
 
-# The tuner's bench runs an exhaustive grid as well: about half an hour on 2 cores.
+# The tuner's bench runs an exhaustive grid as well: about half an hour on 2 cores. The floor bench
+# first measures how closely one config's figure agrees with itself here (about ten minutes).
 bench: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit bench serving --out out/bench
 	$(BIN)/tritonkit bench footprint --out out/bench
 	$(BIN)/tritonkit bench generators --out out/bench
 	$(BIN)/tritonkit bench overload --spec $(SPEC) --model $(MODEL) --out out/bench
+	$(BIN)/tritonkit bench floor --spec $(SPEC) --model $(MODEL) --out out/bench
 	$(BIN)/tritonkit bench tuner --spec $(SPEC) --model $(MODEL) --out out/bench
 	$(BIN)/tritonkit bench routing --out out/bench
 

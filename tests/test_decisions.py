@@ -415,6 +415,55 @@ def test_bench_tuner_gives_the_tuner_its_share_of_the_grid_trials(tmp_path, monk
     assert json.loads((tmp_path / "bench_tuner.json").read_text())["figures"] == json.loads(json.dumps(f))
 
 
+def test_bench_floor_measures_the_spec_config_again_and_again(tmp_path, monkeypatch):
+    """`bench floor` on WORLD: one screening ladder, then `rounds` judge rounds of the spec's config
+    only; a box without noise gives the same figure every round, so the spread is 0."""
+    import contextlib
+    import json
+
+    from tritonkit.tuner import floor_bench
+
+    class Server:
+        def __init__(self, *a, **kw):
+            pass
+
+        def start(self):
+            pass
+
+        def close(self):
+            pass
+
+    sims: list[SimulatedTrials] = []
+    monkeypatch.setattr(floor_bench, "Trials", lambda *a, **kw: sims.append(SimulatedTrials()) or sims[-1])
+    monkeypatch.setattr(floor_bench, "LocalServer", Server)
+    monkeypatch.setattr(floor_bench, "generate", lambda *a, **kw: None)
+    monkeypatch.setattr(floor_bench, "repository_lock", lambda repo: contextlib.nullcontext())
+    monkeypatch.setattr(floor_bench, "objective_for", lambda *a, **kw: Objective(SLO_MS))
+    spec_config = Knobs(16, 2000, 2)
+    monkeypatch.setattr(floor_bench, "from_spec", lambda m: spec_config)
+    f = floor_bench.run_floor_bench(SimulatedTrials.spec, "m", tmp_path, tmp_path, tmp_path, rounds=4,
+                                    log=lambda s: None)
+    (sim,) = sims
+    assert {t.label for t in sim.trials} == {spec_config.label()}
+    assert [t.phase for t in sim.trials][0] == "grid" and sim.trials[-1].phase == "confirm"
+    assert len(f["rounds_rps"]) == 4 and len(set(f["rounds_rps"])) == 1 and f["rounds_rps"][0] > 0
+    assert f["spread"] == 0 and f["medians_of_3"] == f["rounds_rps"][:1]
+    # each round's figure lies between the judge's start (a rung above the screening pass) and its floor
+    passed = max(t.rate for t in sim.trials if t.phase == "grid" and t.passed)
+    assert passed / RATE_STEP <= f["median_rps"] <= passed * RATE_STEP
+    assert json.loads((tmp_path / "bench_floor.json").read_text())["figures"] == json.loads(json.dumps(f))
+
+
+def test_the_floor_counts_rounds_that_held_nowhere_and_gives_each_bench_figure():
+    from tritonkit.tuner.floor_bench import floor_figures
+
+    f = floor_figures([700.0, 800.0, 760.0, 820.0, 0.0, 790.0, 810.0])
+    assert f["medians_of_3"] == [760.0, 790.0]  # the seventh round makes no three
+    assert f["median_rps"] == 790.0 and f["spread"] == round(820 / 790, 3)
+    assert f["medians_of_3_spread"] == round(30 / 775, 3)
+    assert floor_figures([])["spread"] is None and floor_figures([])["medians_of_3"] == []
+
+
 class SlowFirstMinute(SimulatedTrials):
     """WORLD, except that the first `slow` open-loop runs take twice its P95 (a box busy at first)."""
 

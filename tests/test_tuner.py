@@ -70,6 +70,12 @@ def test_bad_tune_arguments_are_clear_errors(workdir):
     assert not (workdir / "out").exists() and not (workdir / "repo").exists()  # nothing was started or written
 
 
+def test_bench_floor_needs_two_rounds(workdir):
+    done = tritonkit("bench", "floor", "--rounds", "1", "--out", str(workdir / "out"), cwd=workdir, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "--rounds" in done.stderr
+    assert not (workdir / "out").exists()
+
+
 def test_a_second_tuner_on_the_same_repository_is_refused(workdir, probed):
     from tritonkit.tuner.lock import repository_lock
 

@@ -20,6 +20,7 @@ from tritonkit.server import read_state
 from tritonkit.spec import parse_spec
 from tritonkit.tuner.apply import load_verified
 from tritonkit.tuner.bench import run_tuner_bench
+from tritonkit.tuner.floor_bench import run_floor_bench
 from tritonkit.tuner.online import OnlineSettings, run_online
 from tritonkit.tuner.run import tune_offline
 from tritonkit.tuner.settings import DEFAULT_MARGIN, TuneSettings
@@ -84,6 +85,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
                         margin=s.margin, probe=Probe(max_s=s.max_trial_s), confirmations=a.confirmations,
                         traits=traits, log=say)
         say(f"wrote {a.out / 'bench_tuner.json'}")
+    elif a.what == "floor":
+        s = TuneSettings(p95_ms=a.p95_ms, margin=a.margin, max_trial_s=a.max_trial_s)
+        raise_flag_problems([("--rounds", a.rounds >= 2, "measure at least twice for a spread, e.g. 12")])
+        spec = load_spec(a.spec, a.repo)
+        run_floor_bench(spec, a.model or spec.models[0].name, a.repo, a.state_dir, a.out, rounds=a.rounds,
+                        p95_ms=s.p95_ms, margin=s.margin, probe=Probe(max_s=s.max_trial_s), log=say)
+        say(f"wrote {a.out / 'bench_floor.json'}")
     elif a.what == "overload":
         spec = load_spec(a.spec, a.repo)
         model = spec.model(a.model or spec.models[0].name)
@@ -156,22 +164,25 @@ def register(sub) -> None:
     sp.set_defaults(func=cmd_tune)
 
     sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
-    sp.add_argument("what", choices=["generators", "tuner", "overload", "serving", "footprint", "routing"],
+    sp.add_argument("what", choices=["generators", "tuner", "floor", "overload", "serving", "footprint", "routing"],
                     help="generators: Locust HTTP vs asyncio gRPC capacity and distortion; "
                          "tuner: the tuner against an exhaustive grid over the same knobs; "
+                         "floor: one config's figure measured again and again (how closely two figures "
+                         "measured on this box can agree); "
                          "overload: the spec's and the tuned config at 0.8x, 1.5x and 3x their capacity; "
                          "serving: raw ONNX Runtime against the same model served by the kit; "
                          "footprint: install size per extra, idle memory of the server and the tuner sidecar; "
                          "routing: the edge/cloud router over a delayed link (shares, time to switch)")
     spec_arg(sp)
-    sp.add_argument("--model", help="tuner, overload: the model (default: the spec's first)")
+    sp.add_argument("--model", help="tuner, floor, overload: the model (default: the spec's first)")
     sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
     sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
     sp.add_argument("--max-trials", type=int, default=TuneSettings.max_trials, help="tuner: the tuner's trial budget")
-    sp.add_argument("--p95-ms", type=float, help="tuner: the P95 SLO (default: the model's slo.p95_ms)")
+    sp.add_argument("--p95-ms", type=float, help="tuner, floor: the P95 SLO (default: the model's slo.p95_ms)")
     _noise_args(sp)
     sp.add_argument("--confirmations", type=int, default=3,
                     help="tuner: how many times each side's winner is confirmed, for the spread of its figure")
+    sp.add_argument("--rounds", type=int, default=12, help="floor: how many times the config's figure is measured")
     sp.add_argument("--out", type=Path, default=Path("out/bench"))
     sp.add_argument("--seconds", type=float, default=5.0, help="steady window of each run")
     sp.add_argument("--users", type=int, default=16, help="closed-loop clients for the capacity runs")
