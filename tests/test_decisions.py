@@ -287,6 +287,12 @@ def test_the_bench_measures_both_winners_at_the_same_rates():
     figures, _ = judge(SimulatedTrials(), sides, objective, 1, log=lambda s: None)
     assert 0 <= figures["tuner"][0] < figures["grid"][0], figures
 
+    # both searches claimed a rung below what the config sustains: the figure is where it stops
+    # holding, not the claim it was handed
+    sides = {"tuner": Score(k, edge, edge / RATE_STEP, None), "grid": Score(k, edge, edge / RATE_STEP, None)}
+    figures, _ = judge(SimulatedTrials(), sides, objective, 1, log=lambda s: None)
+    assert figures["tuner"][0] >= edge / JUDGE_STEP > edge / RATE_STEP, (figures, edge)
+
 
 
 

@@ -25,7 +25,7 @@ from tritonkit.tuner.bench import grid_capacity, judge
 from tritonkit.tuner.knobs import from_spec
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.noise import spread_of
-from tritonkit.tuner.offline import RATE_STEP, Score
+from tritonkit.tuner.offline import RATE_STEP
 from tritonkit.tuner.run import objective_for
 from tritonkit.tuner.settings import DEFAULT_MARGIN, TuneSettings
 from tritonkit.tuner.trials import LocalServer, Probe, Trials
@@ -50,11 +50,10 @@ def run_floor_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
             screened = grid_capacity(trials, k)
             rps: list[float] = []
             if screened.rate is not None:
-                # one rung above the screening run that passed, so that each round finds its figure
-                # stepping down (the judge's floor is two rungs below its start)
-                start = screened.rate * RATE_STEP
-                log(f"==== {rounds} rounds from {start:.0f} req/s down, 5% steps, three pooled runs per rate")
-                figures, _ = judge(trials, {"config": Score(k, screened.value, start, None)}, objective, rounds, log)
+                # the judge starts a rung above the screening run that passed and stops two below
+                log(f"==== {rounds} rounds from {screened.rate * RATE_STEP:.0f} req/s down, 5% steps, "
+                    "three pooled runs per rate")
+                figures, _ = judge(trials, {"config": screened}, objective, rounds, log)
                 rps = figures["config"]
         finally:
             generate(spec, repo, models=[model])  # the config as the spec has it, whatever a trial left
