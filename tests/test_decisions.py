@@ -376,30 +376,39 @@ def test_the_grid_starts_lower_on_a_box_where_no_config_holds_its_first_rung():
     assert bench.screen(never, [Knobs(16, 0, 1)]) == []
 
 
+class _NoServer:
+    def __init__(self, *a, **kw):
+        pass
+
+    def start(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def on_world(module, monkeypatch) -> list[SimulatedTrials]:
+    """A bench module (`tuner/bench.py`, `tuner/floor_bench.py`) run on WORLD: no server, no
+    repository, the SLO objective; returns the simulated trials each `Trials(...)` it made."""
+    import contextlib
+
+    sims: list[SimulatedTrials] = []
+    monkeypatch.setattr(module, "Trials", lambda *a, **kw: sims.append(SimulatedTrials()) or sims[-1])
+    monkeypatch.setattr(module, "LocalServer", _NoServer)
+    monkeypatch.setattr(module, "generate", lambda *a, **kw: None)
+    monkeypatch.setattr(module, "repository_lock", lambda repo: contextlib.nullcontext())
+    monkeypatch.setattr(module, "objective_for", lambda *a, **kw: Objective(SLO_MS))
+    return sims
+
+
 def test_bench_tuner_gives_the_tuner_its_share_of_the_grid_trials(tmp_path, monkeypatch):
     """The whole bench on WORLD: the grid runs first, the tuner gets 15% of the grid's trials as its
     budget, both winners are measured again, and the figures and the JSON say so."""
-    import contextlib
     import json
 
     from tritonkit.tuner import bench
 
-    class Server:
-        def __init__(self, *a, **kw):
-            pass
-
-        def start(self):
-            pass
-
-        def close(self):
-            pass
-
-    sims: list[SimulatedTrials] = []
-    monkeypatch.setattr(bench, "Trials", lambda *a, **kw: sims.append(SimulatedTrials()) or sims[-1])
-    monkeypatch.setattr(bench, "LocalServer", Server)
-    monkeypatch.setattr(bench, "generate", lambda *a, **kw: None)
-    monkeypatch.setattr(bench, "repository_lock", lambda repo: contextlib.nullcontext())
-    monkeypatch.setattr(bench, "objective_for", lambda *a, **kw: Objective(SLO_MS))
+    sims = on_world(bench, monkeypatch)
     monkeypatch.setattr(bench, "max_batch_bound", lambda *a, **kw: 16)
     monkeypatch.setattr(bench, "from_spec", lambda m: Knobs(16, 8000, 1))
     traits = ServerTraits("2.51.0", stalls=True, safe_instances=2)  # the spec has a bounded queue (128)
@@ -424,27 +433,11 @@ def test_bench_tuner_gives_the_tuner_its_share_of_the_grid_trials(tmp_path, monk
 def test_bench_floor_measures_the_spec_config_again_and_again(tmp_path, monkeypatch):
     """`bench floor` on WORLD: one screening ladder, then `rounds` judge rounds of the spec's config
     only; a box without noise gives the same figure every round, so the spread is 0."""
-    import contextlib
     import json
 
     from tritonkit.tuner import floor_bench
 
-    class Server:
-        def __init__(self, *a, **kw):
-            pass
-
-        def start(self):
-            pass
-
-        def close(self):
-            pass
-
-    sims: list[SimulatedTrials] = []
-    monkeypatch.setattr(floor_bench, "Trials", lambda *a, **kw: sims.append(SimulatedTrials()) or sims[-1])
-    monkeypatch.setattr(floor_bench, "LocalServer", Server)
-    monkeypatch.setattr(floor_bench, "generate", lambda *a, **kw: None)
-    monkeypatch.setattr(floor_bench, "repository_lock", lambda repo: contextlib.nullcontext())
-    monkeypatch.setattr(floor_bench, "objective_for", lambda *a, **kw: Objective(SLO_MS))
+    sims = on_world(floor_bench, monkeypatch)
     spec_config = Knobs(16, 2000, 2)
     monkeypatch.setattr(floor_bench, "from_spec", lambda m: spec_config)
     f = floor_bench.run_floor_bench(SimulatedTrials.spec, "m", tmp_path, tmp_path, tmp_path, rounds=4,
