@@ -275,8 +275,9 @@ def test_the_bench_measures_both_winners_at_the_same_rates():
     edge = best_sustained(k)
     sides = {"tuner": Score(k, edge, edge / RATE_STEP, None), "grid": Score(k, edge, edge, None)}
     sim = SimulatedTrials()
-    figures, p95s = judge(sim, sides, objective, 2, log=lambda s: None)
+    figures, p95s, at_start = judge(sim, sides, objective, 2, log=lambda s: None)
     assert figures["tuner"] == figures["grid"] and len(figures["tuner"]) == 2
+    assert at_start == {"tuner": 0, "grid": 0}  # a rung above the higher claim: neither holds there
     assert edge / JUDGE_STEP <= figures["tuner"][0] <= edge * RATE_STEP  # within a 5% step of WORLD's edge
     assert all(p <= SLO_MS for p in p95s["tuner"] + p95s["grid"])
     labels = [t.label for t in sim.trials]
@@ -284,14 +285,20 @@ def test_the_bench_measures_both_winners_at_the_same_rates():
 
     slower = Knobs(2, 0, 1)
     sides = {"tuner": Score(slower, 1.0, edge, None), "grid": Score(k, edge, edge, None)}
-    figures, _ = judge(SimulatedTrials(), sides, objective, 1, log=lambda s: None)
+    figures, _, _ = judge(SimulatedTrials(), sides, objective, 1, log=lambda s: None)
     assert 0 <= figures["tuner"][0] < figures["grid"][0], figures
 
     # both searches claimed a rung below what the config sustains: the figure is where it stops
     # holding, not the claim it was handed
     sides = {"tuner": Score(k, edge, edge / RATE_STEP, None), "grid": Score(k, edge, edge / RATE_STEP, None)}
-    figures, _ = judge(SimulatedTrials(), sides, objective, 1, log=lambda s: None)
+    figures, _, at_start = judge(SimulatedTrials(), sides, objective, 1, log=lambda s: None)
     assert figures["tuner"][0] >= edge / JUDGE_STEP > edge / RATE_STEP, (figures, edge)
+    # the first rate is the ladder's edge rung, which holds: that figure is only a lower bound
+    # (WORLD's true edge lies below the next rung), and the round is counted as such
+    assert at_start == {"tuner": 1, "grid": 1}
+    low = {"tuner": Score(k, edge, edge / RATE_STEP ** 3, None), "grid": None}
+    figures, _, at_start = judge(SimulatedTrials(), low, objective, 2, log=lambda s: None)
+    assert at_start == {"tuner": 2, "grid": 0} and figures["grid"] == [], (figures, at_start)
 
 
 
@@ -447,6 +454,7 @@ def test_bench_floor_measures_the_spec_config_again_and_again(tmp_path, monkeypa
     assert [t.phase for t in sim.trials][0] == "grid" and sim.trials[-1].phase == "confirm"
     assert len(f["rounds_rps"]) == 4 and len(set(f["rounds_rps"])) == 1 and f["rounds_rps"][0] > 0
     assert f["spread"] == 0 and f["medians_of_3"] == f["rounds_rps"][:1]
+    assert f["held_at_first_rate"] == 0  # the judge starts where the climb failed
     # the judge starts where the climb failed, so each round's figure is where the config stops
     # holding: within a 5% step of WORLD's edge (between this ladder rung and the next)
     rung = best_sustained(spec_config)

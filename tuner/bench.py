@@ -135,7 +135,7 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
             log(f"==== both winners measured {confirmations} more times, interleaved, at the same rates")
             judged = trials()
             sides = {"tuner": tuning.best if tuning.confirmed else None, "grid": grid_best}
-            figures_of, p95s_of = judge(judged, sides, objective, confirmations, log)
+            figures_of, p95s_of, at_start_of = judge(judged, sides, objective, confirmations, log)
         finally:
             generate(spec, repo, models=[model])
             server.close()
@@ -146,6 +146,7 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
         return {"best": label, "confirmations_p95_ms": p95s_of[name],
                 "confirmed_rps": s.value if s is not None and s.passed else None,
                 "confirmations_rps": again, "rps": statistics.median(again) if again else None,
+                "held_at_first_rate": at_start_of[name],  # rounds whose figure is a lower bound
                 "spread": None if (sp := spread_of(again)) is None else round(sp, 3),
                 "trials": len(trial_list), "seconds": round(seconds, 1)}
 
@@ -179,7 +180,7 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
 
 
 def judge(trials: Trials, sides: dict[str, Score | None], objective: Objective, times: int,
-          log: Callable[[str], None]) -> tuple[dict[str, list[float]], dict[str, list[float | None]]]:
+          log: Callable[[str], None]) -> tuple[dict[str, list[float]], dict[str, list[float | None]], dict[str, int]]:
     """What each side's config sustains, measured `times` times by one rule: from a search rung
     above the higher of the two confirmed rates down in steps of JUDGE_STEP, run for run interleaved
     (tuner, grid, tuner, ...) at each rate, a side's figure is the first rate where its runs,
@@ -187,12 +188,14 @@ def judge(trials: Trials, sides: dict[str, Score | None], objective: Objective, 
     minute of the machine, so a difference is the configs', not the luck of where each search's
     rate ladder ended; starting above both claims, a figure is where a config stops holding, not
     the claim it was handed (bench run 9: both held at the higher claim in every round, which a
-    confirmation had failed 15% above); 0 where none held."""
+    confirmation had failed 15% above); 0 where none held. Also counted: the rounds a side held at
+    the first rate, whose figure is only a lower bound (the box sped up since the claim)."""
     present = {name: s for name, s in sides.items() if s is not None}
     figures: dict[str, list[float]] = {name: [] for name in sides}
     p95s: dict[str, list[float | None]] = {name: [] for name in sides}
+    at_start = {name: 0 for name in sides}
     if not present:
-        return figures, p95s
+        return figures, p95s, at_start
     start = max(s.rate for s in present.values()) * RATE_STEP
     floor = min(s.rate for s in present.values()) / RATE_STEP ** 2
     for _ in range(times):
@@ -210,12 +213,13 @@ def judge(trials: Trials, sides: dict[str, Score | None], objective: Objective, 
                 p = pooled(runs[name])
                 figures[name].append(p.ok_rps)
                 p95s[name].append(p.p95_ms)
+                at_start[name] += rate == start
                 log(f"   {name}: {pending.pop(name).knobs.label()} holds {rate:.0f} req/s")
             rate /= JUDGE_STEP
         for name in pending:
             figures[name].append(0.0)
             p95s[name].append(None)
-    return figures, p95s
+    return figures, p95s, at_start
 
 
 def format_tuner_bench(f: dict) -> str:
