@@ -34,6 +34,7 @@ $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/tritonkit perf-analyzer
 	@touch $@
 
 setup: $(STAMP)

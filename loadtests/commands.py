@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 
+from tritonkit.clients import Client
 from tritonkit.clients.router import RouterPolicy, parse_urls
 from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, say, spec_arg
 from tritonkit.configs.loader import load_spec
 from tritonkit.configs.steps import serve_configured
 from tritonkit.errors import InputError, KitError, flag_problem
 from tritonkit.files import write_bytes_atomic
+from tritonkit.loadtests import pa_install
 from tritonkit.loadtests.load import Load, RequestClass
 from tritonkit.loadtests.measure import measure_by
 from tritonkit.loadtests.probe import probe
 from tritonkit.loadtests.results import error_share, format_result, format_router, write_result
 from tritonkit.loadtests.routed import measure_router, route_requests
+from tritonkit.server import LocalTriton
+from tritonkit.spec import ServerSpec
 
 FREE_PORTS = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
 
@@ -148,7 +153,29 @@ def cmd_probe(a: argparse.Namespace) -> int:
     return 0
 
 
+def local_server_version(state_dir: Path) -> str:
+    """The version the local tritonserver reports, asked of one started with no models (the binary
+    has no flag that prints it)."""
+    with tempfile.TemporaryDirectory(prefix="tritonkit-version-") as repo, \
+            LocalTriton(Path(repo), ServerSpec(http_port=0, grpc_port=0, metrics_port=0), state_dir) as server, \
+            Client(server.endpoints.grpc) as client:
+        return client.server_version()
+
+
+def cmd_perf_analyzer(a: argparse.Namespace) -> int:
+    version = a.server_version or local_server_version(a.state_dir / "version")
+    pa = pa_install.find(version, log=say)
+    say(f"perf_analyzer {pa.version}: {pa.binary}")
+    return 0
+
+
 def register(sub) -> None:
+    sp = sub.add_parser("perf-analyzer", help="find NVIDIA's perf_analyzer for the server's version, installing it "
+                                              "into the kit's cache when none is found; print where it is")
+    sp.add_argument("--server-version", help="the Triton version to match (default: the local server's)")
+    sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+    sp.set_defaults(func=cmd_perf_analyzer)
+
     sp = sub.add_parser("probe", help="measure whether the server keeps serving behind a bounded queue under "
                                       "overload (cached per server version; configs, validate and tune read it)")
     sp.add_argument("--url", help="gRPC HOST:PORT of a running server with explicit model control (default: the "
@@ -159,9 +186,12 @@ def register(sub) -> None:
     sp = sub.add_parser("loadtest", help="measure a model under load (Locust headless): exact percentiles, "
                                          "server breakdown, generator health")
     load_args(sp, "out/loadtest")
-    sp.add_argument("--engine", choices=["locust", "asyncio"], default=None,
-                    help="locust: tritonclient HTTP users (default); asyncio: the lighter gRPC generator "
-                         "(the only one with --router)")
+    sp.add_argument("--engine", choices=["locust", "asyncio", "perf_analyzer"], default=None,
+                    help="locust (default): tritonclient HTTP users, with classes and your own Locust scripts; "
+                         "asyncio: the lighter gRPC generator, with classes, priorities and --router; "
+                         "perf_analyzer: NVIDIA's C++ client, one class, the least CPU: prefer it where the "
+                         "generator shares the cores with the server or you compare with Model Analyzer "
+                         "(it stops at the first refused request)")
     sp.add_argument("--url", help="HOST:PORT of a running server (HTTP for locust, gRPC for asyncio); "
                                   "default: start one from the spec")
     sp.add_argument("--metrics-url", help="with --url: Triton's metrics URL, for its summary quantiles")

@@ -182,6 +182,8 @@ class Outcome:
     stats_after: dict | None = None
     # (start, end) perf_counter intervals in which the generator's loop did not run (loadtests/stalls.py)
     stalls: list[tuple[float, float]] = field(default_factory=list)
+    # what an external generator (perf_analyzer) said about keeping up, in its own words
+    generator_notes: list[str] = field(default_factory=list)
 
 
 def generator_health(load: Load, out: Outcome) -> dict:
@@ -209,6 +211,7 @@ def generator_health(load: Load, out: Outcome) -> dict:
             reasons.append(f"its sends ran {health['lag_p95_ms']:.1f} ms (P95) behind schedule")
         if out.dropped:
             reasons.append(f"{out.dropped} arrivals were dropped at {load.max_in_flight} in flight")
+    reasons += out.generator_notes
     if reasons:
         health["saturated"] = True
         health["warning"] = ("the load generator, not the server, limited this run: " + "; ".join(reasons)

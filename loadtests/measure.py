@@ -1,4 +1,4 @@
-"""One measurement against a running server, by either engine, in the one result schema."""
+"""One measurement against a running server, by any engine, in the one result schema."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, RequestClass
 from tritonkit.loadtests.locust_run import run_locust
+from tritonkit.loadtests.pa_run import run_pa
 from tritonkit.loadtests.results import build_result
 from tritonkit.loadtests.server_stats import summary_quantiles
 
@@ -29,11 +30,15 @@ def measure_grpc(url: str, model: str, load: Load, classes: list[RequestClass] |
 
 def measure_by(engine: str, model: str, load: Load, classes: list[RequestClass] | None, *, url: str,
                metrics: str | None = None, log_dir: Path | None = None, input_data: Path | None = None) -> dict:
-    """One measurement by the chosen engine at `url` (HOST:PORT): Locust over HTTP or asyncio gRPC.
-    Both take the model's inputs from the rules its config carries, or from `input_data`."""
+    """One measurement by the chosen engine at `url` (HOST:PORT): Locust over HTTP, asyncio or
+    perf_analyzer over gRPC. Each takes the model's inputs from the rules its config carries, or
+    from `input_data`."""
     classes = classes or [RequestClass()]
     if engine == "asyncio":
         return measure_grpc(url, model, load, classes, metrics=metrics, input_data=input_data)
+    if engine == "perf_analyzer":
+        out = run_pa(url, model, load, classes, input_data=input_data)
+        return build_result(model, load, classes, out, _quantiles(metrics, model), engine="perf_analyzer")
     result = run_locust(url, model, load, classes, input_data=input_data,
                         log_path=log_dir and Path(log_dir) / "locust.log")
     result["server_summary_us"] = _quantiles(metrics, model)

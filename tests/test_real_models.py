@@ -169,7 +169,7 @@ def site_served(served, site):
     return served
 
 
-@pytest.mark.parametrize("engine", ["asyncio", "locust"])
+@pytest.mark.parametrize("engine", ["asyncio", "locust", "perf_analyzer"])
 @pytest.mark.parametrize("name", NAMES)
 def test_load_tests_with_generated_inputs_have_no_errors(site_served, tmp_path, name, engine):
     rc, result, console = _loadtest(site_served, name, engine, out=tmp_path)
@@ -180,7 +180,8 @@ def test_load_tests_with_generated_inputs_have_no_errors(site_served, tmp_path, 
 
 
 @pytest.mark.parametrize("name, engine", [("text", "asyncio"), ("text", "locust"), ("classifier", "asyncio"),
-                                          ("detector", "locust")])
+                                          ("detector", "locust"), ("text", "perf_analyzer"),
+                                          ("detector", "perf_analyzer")])
 def test_load_tests_with_real_request_data_have_no_errors(site_served, site, tmp_path, name, engine):
     """perf_analyzer JSON with content (text) and b64 (classifier), and a folder of .npy (detector)."""
     data = _input_data(site)[name]
@@ -202,6 +203,18 @@ def test_a_load_test_whose_requests_all_fail_exits_non_zero_and_names_the_error(
     assert rc == 1 and result["overall"]["ok"] == 0
     assert "error other: e.g." in console and "indices" in console.lower()
     assert "--max-errors" in console and "Traceback" not in console and "nan" not in console
+
+
+def test_perf_analyzer_stops_at_the_first_failed_request_and_says_so(site_served, site, tmp_path):
+    """PA gives up on a measurement at a failed request: the load test exits 1 naming the error
+    and what to use instead, with no traceback."""
+    bad = site / "bad_ids_pa.json"
+    bad.write_text(json.dumps({"data": [{"input_ids": {"content": [5000, 7000], "shape": [2]},
+                                         "attention_mask": {"content": [1, 1], "shape": [2]}}]}))
+    rc, result, console = _loadtest(site_served, "text", "perf_analyzer", "--input-data", str(bad), out=tmp_path)
+    assert rc == 1 and result is None, console[-2000:]
+    assert "perf_analyzer stopped the measurement" in console and "indices" in console.lower(), console[-2000:]
+    assert "--engine asyncio" in console and "Traceback" not in console
 
 
 def test_infer_command_sends_real_data(site_served, site):

@@ -366,3 +366,4 @@ def read_state(state_dir: Path) -> Endpoints | None:
     except ProcessLookupError:
         return None
     return ep
+

@@ -1,0 +1,270 @@
+"""One load by NVIDIA's perf_analyzer (PA), read back into the kit's `Outcome`.
+
+PA is the C++ client Triton users trust: on a small box it takes far less of the cores than a
+Python generator. The kit drives it so that its numbers mean what the other engines' mean:
+- the model's inputs come from the one sampler (the spec's rules, or the user's `--input-data`),
+  written as PA's `--input-data` JSON with each sample's shape, plus `--shape` per input;
+- open loop is `--request-rate-range` (Poisson or constant) with async sends; a shaped load is the
+  same schedule as the asyncio engine's, given as `--request-intervals`; closed loop is
+  `--concurrency-range`;
+- PA runs three measurement windows that together cover the warm-up and the steady window (its
+  stability check is switched off: the kit, not PA, decides what a run means);
+- latencies are exact: every request's send and response times come from PA's profile export,
+  and only requests sent inside the steady window count. PA 2.51 writes every request's input and
+  output values into that export (hundreds of MB at a few thousand requests), so it is read
+  through a pipe, keeping the two timestamps and never touching the disk.
+PA gives up on a measurement at the first failed request (a full queue, a queue timeout): the run
+then raises `PerfAnalyzerStopped` with Triton's own count of what it served and refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import re
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from tritonkit.clients import Client
+from tritonkit.clients.errors import classify
+from tritonkit.errors import InputError, KitError, flag_problem
+from tritonkit.loadtests import pa_install
+from tritonkit.loadtests.load import Load, Outcome, RequestClass, Sample
+
+WINDOWS = 3  # PA's stability rule needs three windows before it reports anything
+WINDOW_SLEEP = 1.2  # PA sleeps 1.2 windows per measurement window
+GENERATED_SAMPLES = 16  # distinct payloads where the rules vary the shape
+_PAIR = re.compile(rb'"timestamp":(\d+)|"response_timestamps":\[(\d*)')
+_DELAYED = re.compile(r"([\d.]+)% of the requests were delayed")
+_THREAD_ERROR = re.compile(r"Thread \[\d+\] had error: (.+)")
+_PASS = re.compile(r"Pass \[(\d+)\] throughput: ([\d.]+) infer/sec\. p95 latency: (\d+) usec")
+
+
+@dataclass
+class PerfAnalyzerStopped(KitError):
+    """PA abandoned the measurement at a failed request; what Triton counted over the run."""
+
+    message: str
+    served: int
+    failed: int
+    kinds: dict[str, str] = field(default_factory=dict)  # kind -> PA's first message of that kind
+    passes: list[dict] = field(default_factory=list)  # the windows PA finished: rate and P95 each
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def check_classes(classes: list[RequestClass]) -> RequestClass:
+    """PA sends one kind of request: no priority, no per-request timeout."""
+    if len(classes) != 1 or classes[0].priority or classes[0].timeout_us is not None:
+        raise InputError([flag_problem("--class", "perf_analyzer sends one class with the model's default priority "
+                                                  "and timeout: drop --class, or use --engine asyncio or locust")])
+    return classes[0]
+
+
+def run_pa(url: str, model: str, load: Load, classes: list[RequestClass] | None = None, *,
+           input_data: Path | None = None, seed: int = 0, log=print) -> Outcome:
+    """Send `load` to `model` at the gRPC `url` with perf_analyzer; the steady window's samples and
+    Triton's statistics around it, as the other engines give them."""
+    cls = check_classes(classes or [RequestClass()])
+    if load.concurrency and load.shape != "constant":
+        raise InputError([flag_problem("--shape", "perf_analyzer keeps a fixed concurrency: use --shape constant "
+                                                  "with --users, or --rate for a shaped load")])
+    with Client(url) as client:
+        meta = client.metadata(model)
+        pa = pa_install.find(client.server_version(), log=log)
+        sampler = meta.sampler(input_data, seed)
+        count = len(sampler.samples) if sampler.samples else GENERATED_SAMPLES if sampler.varies else 1
+        samples = [sampler(1) for _ in range(count)]
+        with tempfile.TemporaryDirectory(prefix="tritonkit-pa-") as tmp:
+            args = _arguments(model, url, load, cls, samples, sampler.batched, Path(tmp), seed)
+            return _measure(pa, args, client, model, load, cls, Path(tmp) / "export.fifo")
+
+
+def _arguments(model: str, url: str, load: Load, cls: RequestClass, samples: list[dict[str, np.ndarray]],
+               batched: bool, tmp: Path, seed: int) -> list[str]:
+    data = tmp / "input_data.json"
+    data.write_text(json.dumps({"data": [_sample_json(s, batched) for s in samples]}))
+    window_ms = math.ceil(1000 * (load.warmup_s + load.duration_s + 0.5) / (WINDOWS * WINDOW_SLEEP))
+    args = ["-m", model, "-u", url, "-i", "grpc", "--async", "-b", str(cls.batch), "--input-data", str(data),
+            "--measurement-mode", "time_windows", "-p", str(window_ms), "--max-trials", str(WINDOWS),
+            "--stability-percentage", "100000", "--percentile", "95", "-v",
+            "--profile-export-file", str(tmp / "export.fifo")]
+    for name in samples[0]:  # PA checks one --shape per input against every sample: give it where they agree
+        shapes = {a[name].shape[1:] if batched else a[name].shape for a in samples}
+        if len(shapes) == 1:
+            args += ["--shape", f"{name}:{','.join(str(d) for d in shapes.pop()) or '1'}"]
+    if load.concurrency:
+        return args + ["--concurrency-range", str(load.concurrency)]
+    if load.shape == "constant":
+        return args + ["--request-rate-range", f"{load.rate:g}", "--request-distribution", load.arrival]
+    intervals = tmp / "intervals.txt"  # the asyncio engine's schedule, in microseconds
+    intervals.write_text("\n".join(str(max(1, round(g * 1e6))) for g in schedule_gaps(load, seed)) + "\n")
+    return args + ["--request-intervals", str(intervals)]
+
+
+def schedule_gaps(load: Load, seed: int = 0) -> list[float]:
+    """Gaps between arrivals over warm-up and steady window, following the load's shape."""
+    rng, t, gaps = random.Random(seed), 0.0, []
+    while t < load.total_s + 0.5:
+        rate = load.rate_at(t)
+        gap = rng.expovariate(rate) if load.arrival == "poisson" else 1.0 / rate
+        gaps.append(gap)
+        t += gap
+    return gaps
+
+
+def _sample_json(arrays: dict[str, np.ndarray], batched: bool) -> dict:
+    out = {}
+    for name, a in arrays.items():
+        one = a[0] if batched else a
+        values = [v.decode() if isinstance(v, bytes) else v for v in one.reshape(-1).tolist()]
+        out[name] = {"content": values, "shape": list(one.shape)}
+    return out
+
+
+def _measure(pa: pa_install.PerfAnalyzer, args: list[str], client: Client, model: str, load: Load,
+             cls: RequestClass, fifo: Path) -> Outcome:
+    os.mkfifo(fifo)
+    pairs: list[tuple[int, int | None]] = []
+    reader = threading.Thread(target=lambda: pairs.extend(_export_pairs(fifo)), daemon=True)
+    reader.start()
+    lines: list[str] = []
+    started = threading.Event()
+    proc = subprocess.Popen(pa.command(*args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=pa.environ())
+
+    def collect() -> None:
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if "Using asynchronous calls" in line:
+                started.set()  # the last of its settings: PA starts sending right after it
+
+    collector = threading.Thread(target=collect, daemon=True)
+    collector.start()
+    out = Outcome()
+    t_start = time.perf_counter()
+    deadline = time.monotonic() + 60
+    while not started.wait(0.1) and proc.poll() is None and time.monotonic() < deadline:
+        pass
+    time.sleep(load.warmup_s)
+    out.stats_before = client.statistics(model)
+    # PA's CPU over the steady window only: after it, PA spends a while writing its export
+    cpu0 = _cpu_s(proc.pid)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=load.duration_s)
+    cpu = _cpu_s(proc.pid) - cpu0 if proc.poll() is None else None
+    try:
+        proc.wait(timeout=load.total_s * 3 + 60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    collector.join(timeout=10)
+    out.wall_s = time.perf_counter() - t_start
+    out.cpu_percent = 100.0 * cpu / load.duration_s if cpu is not None else 0.0
+    _unblock(fifo)
+    reader.join(timeout=120)
+    out.stats_after = client.statistics(model)
+    served, failed = _counts(out.stats_before, out.stats_after)
+    errors = {}
+    for line in lines:
+        if m := _THREAD_ERROR.search(line):
+            errors.setdefault(classify(Exception(m.group(1))).kind, m.group(1).strip())
+    if proc.returncode != 0:
+        passes = [{"window": int(m.group(1)), "rps": float(m.group(2)), "p95_ms": int(m.group(3)) / 1e3}
+                  for line in lines if (m := _PASS.search(line))]
+        said = "; ".join(f"{k}: {v}" for k, v in errors.items()) or next(
+            (x for x in reversed(lines) if x.strip()), f"exit code {proc.returncode}")
+        raise PerfAnalyzerStopped(
+            f"perf_analyzer stopped the measurement ({said}); it does not go on past a failed request. After the "
+            f"warm-up Triton served {served} of this model's requests and timed out {failed} (it does not count "
+            f"queue-full refusals); to measure a load that is refused in part use --engine asyncio",
+            served, failed, errors, passes, round(out.wall_s, 2))
+    _fill(out, pairs, load, cls.name, failed, next(iter(errors), "other"))
+    for line in lines:  # over 5% late: the P95 of the generator's lag is late, as the asyncio engine judges it
+        if (m := _DELAYED.search(line)) and float(m.group(1)) > 5:
+            out.generator_notes.append(f"perf_analyzer sent {m.group(1)}% of the requests later than scheduled")
+    return out
+
+
+def _fill(out: Outcome, pairs: list[tuple[int, int | None]], load: Load, cls: str, failed: int, kind: str) -> None:
+    """The steady window's requests as samples (times in seconds since the epoch, as PA gives them).
+    Refusals PA did not record (its thread stops recording at its first error) come from Triton's
+    count, so the error share is the server's."""
+    if not pairs:
+        return
+    t0 = min(t for t, _ in pairs) / 1e9
+    lo, hi = t0 + load.warmup_s, t0 + load.warmup_s + load.duration_s
+    for sent_ns, done_ns in pairs:
+        sent = sent_ns / 1e9
+        if lo <= sent < hi:
+            out.samples.append(Sample(cls, sent, sent, None if done_ns is None else (done_ns - sent_ns) / 1e9,
+                                      None if done_ns is not None else kind))
+    unrecorded = failed - sum(1 for s in out.samples if s.latency_s is None)
+    out.samples += [Sample(cls, lo, lo, None, kind) for _ in range(max(0, unrecorded))]
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return t.user + t.system
+
+
+def _counts(before: dict, after: dict) -> tuple[int, int]:
+    def count(stats: dict, key: str) -> int:
+        return int(stats.get("inference_stats", {}).get(key, {}).get("count", 0))
+
+    return count(after, "success") - count(before, "success"), count(after, "fail") - count(before, "fail")
+
+
+def _export_pairs(fifo: Path, chunk: int = 1 << 20) -> Iterator[tuple[int, int | None]]:
+    """(send ns, first response ns or None) per request, streamed from PA's profile export."""
+    pending: int | None = None
+    rest = b""
+    with open(fifo, "rb") as f:  # blocks until PA opens it to write (or _unblock does)
+        while True:
+            block = f.read(chunk)
+            buf = rest + block
+            done = 0
+            for m in _PAIR.finditer(buf):
+                if block and m.end() == len(buf):
+                    break  # its digits may go on in the next block
+                done = m.end()
+                if m.group(1) is not None:
+                    pending = int(m.group(1))
+                elif pending is not None:
+                    yield pending, int(m.group(2)) if m.group(2) else None
+                    pending = None
+            if not block:
+                return
+            rest = buf[max(done, len(buf) - 64):]  # a key cut in two lies within its last 64 bytes
+
+
+def _unblock(fifo: Path) -> None:
+    """Let the export reader see the end even when PA never opened the pipe (it failed early)."""
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+    except OSError:
+        pass  # no reader waiting: it already finished
+
+
+def p95_of_passes(stopped: PerfAnalyzerStopped) -> float | None:
+    """The highest P95 of the windows PA finished before it stopped: a bound on the pooled P95."""
+    p95s = [p["p95_ms"] for p in stopped.passes]
+    return max(p95s) if p95s else None
+

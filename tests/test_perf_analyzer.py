@@ -1,0 +1,93 @@
+"""NVIDIA's perf_analyzer as a load engine: found or installed for the server's version, driven
+open and closed loop against the real server, its profile export read exactly, and a clear error
+when the binary cannot run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.conftest import tritonkit
+from tritonkit.loadtests import pa_install
+from tritonkit.loadtests.load import Load
+from tritonkit.loadtests.measure import measure_by
+from tritonkit.loadtests.pa_run import _export_pairs
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def pa(served) -> pa_install.PerfAnalyzer:
+    with served.client() as c:
+        return pa_install.find(c.server_version(), log=lambda s: None)
+
+
+def test_the_binary_matches_the_server_version(served, pa):
+    with served.client() as c:
+        assert pa.version == c.server_version()
+    assert not pa_install.missing_libraries(pa)
+
+
+def test_open_loop_counts_the_steady_window_exactly(served, pa):
+    """Poisson at 150 req/s for 3 s: about 450 requests counted (only those sent in the window),
+    all served, and the server's side of exactly that window."""
+    load = Load(rate=150, duration_s=3, warmup_s=1)
+    r = measure_by("perf_analyzer", "steady", load, None, url=served.endpoints.grpc)
+    o = r["overall"]
+    assert r["engine"] == "perf_analyzer"
+    assert 300 < o["requests"] < 600 and o["ok"] == o["requests"], o
+    assert o["p50_ms"] <= o["p95_ms"] <= o["p99_ms"] <= o["max_ms"]
+    assert r["server"]["requests"] >= o["requests"] * 0.9  # the statistics bracket the window
+    assert len(r["timeline"]) == 3 and not r["generator"]["saturated"], r["generator"]
+
+
+def test_closed_loop_keeps_its_concurrency(served, pa):
+    r = measure_by("perf_analyzer", "steady", Load(concurrency=4, duration_s=2, warmup_s=0.5), None,
+                   url=served.endpoints.grpc)
+    assert r["load"]["mode"] == "closed" and r["overall"]["ok"] > 50
+    assert r["server"]["mean_batch"] > 1  # four in flight: the batcher finds more than one queued
+
+
+def test_a_shaped_load_follows_its_schedule(served, pa):
+    """A step shape (25%, 50%, 75%, 100% of 200 req/s) through --request-intervals: the last
+    quarter of the window carries about four times the first."""
+    r = measure_by("perf_analyzer", "steady", Load(rate=200, duration_s=4, warmup_s=0.5, shape="step"), None,
+                   url=served.endpoints.grpc)
+    sent = [row["sent"] for row in r["timeline"]]
+    assert len(sent) == 4 and sent[3] > 2.5 * sent[0], sent
+
+
+def test_classes_perf_analyzer_cannot_send_are_refused_naming_the_flag(served, tmp_path):
+    done = tritonkit("loadtest", "--spec", str(served.spec_path), "--model", "prio", "--url", served.endpoints.grpc,
+                     "--engine", "perf_analyzer", "--rate", "50", "--class", "interactive:1:1", "--out", str(tmp_path))
+    assert done.returncode == 2, done.stderr
+    assert "--class" in done.stderr and "--engine asyncio" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_binary_that_cannot_run_names_the_missing_libraries(served, pa, tmp_path):
+    """The wheel's binary without the libraries the kit links beside it: the error names them."""
+    bare = tmp_path / "perf_analyzer"
+    shutil.copy(pa.binary, bare)
+    done = tritonkit("loadtest", "--spec", str(served.spec_path), "--model", "steady", "--url", served.endpoints.grpc,
+                     "--engine", "perf_analyzer", "--rate", "50", "--duration", "1", "--out", str(tmp_path / "out"),
+                     env={pa_install.ENV_BINARY: str(bare), "LD_LIBRARY_PATH": ""})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "libb64.so.0d" in done.stderr and "libcudart.so.12" in done.stderr and str(bare) in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "out" / "result.json").exists()
+
+
+def test_the_export_reader_pairs_timestamps_across_block_edges(tmp_path):
+    """PA's export, read in blocks that cut keys and numbers in two: every request's send and
+    first response time, and None for a request that got no response."""
+    requests = [{"timestamp": 1_000_000_000 + i, "request_inputs": {"x": [0.5] * (i % 7)},
+                 "response_timestamps": [] if i == 3 else [2_000_000_000 + i, 3_000_000_000],
+                 "response_outputs": [{"y": [1.5] * 5}]} for i in range(40)]
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps({"experiments": [{"experiment": {"mode": "request_rate", "value": 10},
+                                                 "requests": requests, "window_boundaries": [1, 2]}],
+                                "version": "2.51.0"}, separators=(",", ":")))
+    for chunk in (7, 13, 64, 1 << 20):
+        pairs = list(_export_pairs(path, chunk))
+        assert pairs == [(1_000_000_000 + i, None if i == 3 else 2_000_000_000 + i) for i in range(40)], chunk
