@@ -9,7 +9,7 @@ from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, say, spec_arg
 from tritonkit.configs.loader import load_spec, resolve
 from tritonkit.configs.steps import serve_configured
 from tritonkit.errors import InputError, Problem, raise_flag_problems
-from tritonkit.loadtests.bench import run_bench
+from tritonkit.loadtests.bench import AGREEMENT_ROUNDS, run_bench
 from tritonkit.loadtests.commands import FREE_PORTS, load_args, load_from
 from tritonkit.loadtests.footprint import run_footprint
 from tritonkit.loadtests.overload import run_overload_bench
@@ -73,7 +73,9 @@ def cmd_tune(a: argparse.Namespace) -> int:
 
 def cmd_bench(a: argparse.Namespace) -> int:
     if a.what == "generators":
-        run_bench(a.out, seconds=a.seconds, users=a.users, rate=a.rate, log=say)
+        rounds = AGREEMENT_ROUNDS if a.rounds is None else a.rounds
+        raise_flag_problems([("--rounds", rounds >= 1, "measure each engine at least once, e.g. 3")])
+        run_bench(a.out, seconds=a.seconds, users=a.users, rate=a.rate, rounds=rounds, log=say)
         say(f"wrote {a.out / 'bench.json'}")
     elif a.what == "tuner":
         s = TuneSettings(p95_ms=a.p95_ms, max_trials=a.max_trials, margin=a.margin, max_trial_s=a.max_trial_s)
@@ -87,9 +89,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
         say(f"wrote {a.out / 'bench_tuner.json'}")
     elif a.what == "floor":
         s = TuneSettings(p95_ms=a.p95_ms, margin=a.margin, max_trial_s=a.max_trial_s)
-        raise_flag_problems([("--rounds", a.rounds >= 2, "measure at least twice for a spread, e.g. 12")])
+        rounds = 12 if a.rounds is None else a.rounds
+        raise_flag_problems([("--rounds", rounds >= 2, "measure at least twice for a spread, e.g. 12")])
         spec = load_spec(a.spec, a.repo)
-        run_floor_bench(spec, a.model or spec.models[0].name, a.repo, a.state_dir, a.out, rounds=a.rounds,
+        run_floor_bench(spec, a.model or spec.models[0].name, a.repo, a.state_dir, a.out, rounds=rounds,
                         p95_ms=s.p95_ms, margin=s.margin, probe=Probe(max_s=s.max_trial_s), log=say)
         say(f"wrote {a.out / 'bench_floor.json'}")
     elif a.what == "overload":
@@ -182,7 +185,9 @@ def register(sub) -> None:
     _noise_args(sp)
     sp.add_argument("--confirmations", type=int, default=3,
                     help="tuner: how many times each side's winner is confirmed, for the spread of its figure")
-    sp.add_argument("--rounds", type=int, default=12, help="floor: how many times the config's figure is measured")
+    sp.add_argument("--rounds", type=int, default=None,
+                    help="floor: how many times the config's figure is measured (default 12); generators: rounds of "
+                         "the three engines' agreement runs (default 3)")
     sp.add_argument("--out", type=Path, default=Path("out/bench"))
     sp.add_argument("--seconds", type=float, default=5.0, help="steady window of each run")
     sp.add_argument("--users", type=int, default=16, help="closed-loop clients for the capacity runs")
