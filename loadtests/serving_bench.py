@@ -8,7 +8,9 @@ One run, side by side on this machine, the sample model at batch 1, 8 and the ma
 - served: the kit's local tritonserver, one model per batch size with `max_batch_size: B` and the
   spec defaults otherwise (no queue delay), driven by 3B closed-loop gRPC clients per instance,
   one sample a request, so the dynamic batcher always has the next full batch waiting, as in
-  production.
+  production. Two clients send that load in turn: the kit's asyncio generator and NVIDIA's
+  perf_analyzer (C++). On a small box the client shares the cores with the server, so the served
+  figure is partly the client's cost; the C++ client's share is the smaller.
 - light load: one client, one request at a time, batch 1: the latency the kit adds to raw ORT.
 
 The served time per execution is broken down from Triton's statistics (queue, compute input,
@@ -37,12 +39,14 @@ from tritonkit.configs.loader import load_spec
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, RequestClass
+from tritonkit.loadtests.pa_run import run_pa
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.ort_session import open_session
 from tritonkit.serving import running
 from tritonkit.stats import percentile
 
 TARGETS = {"served_over_raw_at_max_batch_at_least": 0.9, "added_latency_batch1_ms_at_most": 0.5}
+CLIENTS = ("asyncio", "perf_analyzer")
 STAGES = ("compute_input", "compute_infer", "compute_output")
 
 
@@ -102,12 +106,16 @@ def _stage_sums(stats: dict) -> dict[str, int]:
     return out
 
 
-def served(url: str, model: str, timings_dir: Path, clients: int, seconds: float) -> dict:
-    """Closed loop of `clients` gRPC clients, one sample a request: the latencies the clients saw,
-    and Triton's and the runner's counters over the same window."""
+def served(url: str, model: str, timings_dir: Path, clients: int, seconds: float, client: str = "asyncio") -> dict:
+    """Closed loop of `clients` gRPC clients, one sample a request, sent by `client` (asyncio or
+    perf_analyzer): the latencies the clients saw, and Triton's and the runner's counters over the
+    same window."""
     load = Load(concurrency=clients, duration_s=seconds, warmup_s=0.5)
     t0 = runner_timings.read(timings_dir, f"{model}_")
-    out = asyncio.run(run_load(url, model, load, [RequestClass()]))
+    if client == "perf_analyzer":
+        out = run_pa(url, model, load, [RequestClass()], log=lambda s: None)
+    else:
+        out = asyncio.run(run_load(url, model, load, [RequestClass()]))
     runner = runner_timings.delta(t0, runner_timings.read(timings_dir, f"{model}_"))
     a, b = _stage_sums(out.stats_before), _stage_sums(out.stats_after)
     return {"wall_s": seconds, "latencies_s": [x.latency_s for x in out.samples if x.latency_s is not None],
@@ -144,17 +152,24 @@ def _served_figures(slices: list[dict]) -> dict:
             "generator_cpu_percent": max(s["cpu_percent"] for s in slices)}
 
 
-def _rounds(rounds: int, raw_slice: Callable[[], dict], served_slice: Callable[[], dict]) -> dict:
-    """Raw and served in turns, so that a neighbour's load on a shared box falls on both alike."""
-    raws, serveds = [], []
+def _rounds(rounds: int, raw_slice: Callable[[], dict], served_slices: dict[str, Callable[[], dict]]) -> dict:
+    """Raw and served by each client in turns, so that a neighbour's load on a shared box falls on
+    all alike."""
+    raws: list[dict] = []
+    serveds: dict[str, list[dict]] = {c: [] for c in served_slices}
     for _ in range(rounds):
         raws.append(raw_slice())
-        serveds.append(served_slice())
-    raw, srv = _raw_figures(raws), _served_figures(serveds)
-    per_round = [_served_figures([s])["rps"] / _raw_figures([r])["rps"] for r, s in zip(raws, serveds)]
-    # The headline is the median turn: one turn that a neighbour's burst hit moves it least.
-    return {"raw": raw, "served": srv, "served_over_raw": statistics.median(per_round),
-            "served_over_raw_totals": srv["rps"] / raw["rps"], "per_round": [round(x, 3) for x in per_round]}
+        for c, one in served_slices.items():
+            serveds[c].append(one())
+    raw = _raw_figures(raws)
+    clients = {}
+    for c, slices in serveds.items():
+        srv = _served_figures(slices)
+        per_round = [_served_figures([s])["rps"] / _raw_figures([r])["rps"] for r, s in zip(raws, slices)]
+        # The headline is the median turn: one turn that a neighbour's burst hit moves it least.
+        clients[c] = {"served": srv, "served_over_raw": statistics.median(per_round),
+                      "served_over_raw_totals": srv["rps"] / raw["rps"], "per_round": [round(x, 3) for x in per_round]}
+    return {"raw": raw, "clients": clients}
 
 
 def run_serving_bench(out_dir: Path, *, max_batch: int = 16, threads: int = 1, instances: int = 1,
@@ -183,21 +198,25 @@ def run_serving_bench(out_dir: Path, *, max_batch: int = 16, threads: int = 1, i
                 log(f"== batch {b}: raw ONNX Runtime and served ({clients} clients) in {rounds} turns of "
                     f"{piece:g} s each")
                 row = _rounds(rounds, lambda b=b: raw_ort(sessions, feed, width, b, piece),
-                              lambda b=b, c=clients: served(url, model_name(b), timings_dir, c, piece))
+                              {c: lambda b=b, n=clients, c=c: served(url, model_name(b), timings_dir, n, piece, c)
+                               for c in CLIENTS})
                 rows.append({"batch": b, **row})
-                log(f"   raw {row['raw']['rps']:.0f} req/s, served {row['served']['rps']:.0f} req/s "
-                    f"(mean batch {row['served']['mean_batch'] or 0:.1f}): {row['served_over_raw']:.2f} "
-                    f"(turns: {', '.join(f'{x:.2f}' for x in row['per_round'])})")
+                for c, x in row["clients"].items():
+                    log(f"   raw {row['raw']['rps']:.0f} req/s, served by {c} {x['served']['rps']:.0f} req/s "
+                        f"(mean batch {x['served']['mean_batch'] or 0:.1f}): {x['served_over_raw']:.2f} "
+                        f"(turns: {', '.join(f'{v:.2f}' for v in x['per_round'])})")
             log(f"== light load: one client, batch 1, {rounds} turns of {piece:g} s each")
             light = _rounds(rounds, lambda: raw_ort(sessions[:1], feed, width, 1, piece),
-                            lambda: served(url, model_name(max_batch), timings_dir, 1, piece))
+                            {c: lambda c=c: served(url, model_name(max_batch), timings_dir, 1, piece, c)
+                             for c in CLIENTS})
     finally:
         os.environ.pop(runner_timings.ENV, None)
-    raw1, srv1 = light["raw"], light["served"]
-    latency = {"raw_p50_ms": raw1["p50_ms"], "served_p50_ms": srv1["p50_ms"],
-               "raw_mean_ms": raw1["mean_ms"], "served_mean_ms": srv1["mean_ms"],
-               "added_p50_ms": srv1["p50_ms"] - raw1["p50_ms"], "added_mean_ms": srv1["mean_ms"] - raw1["mean_ms"],
-               "served": srv1}
+    raw1 = light["raw"]
+    latency = {"raw_p50_ms": raw1["p50_ms"], "raw_mean_ms": raw1["mean_ms"], "clients": {
+        c: {"served_p50_ms": x["served"]["p50_ms"], "served_mean_ms": x["served"]["mean_ms"],
+            "added_p50_ms": x["served"]["p50_ms"] - raw1["p50_ms"],
+            "added_mean_ms": x["served"]["mean_ms"] - raw1["mean_ms"], "served": x["served"]}
+        for c, x in light["clients"].items()}}
     bench = {"schema": SCHEMA, "kind": "bench/serving", "model": {"width": width, "layers": layers},
              "threads": threads, "instances": instances, "cores": os.cpu_count(), "seconds": seconds,
              "rounds": rounds, "rows": rows, "light_load": latency, "targets": TARGETS}
@@ -213,21 +232,25 @@ def _ms(v: float | None) -> str:
 def format_serving_bench(bench: dict) -> str:
     lines = [f"sample model, {bench['instances']} instance(s) x {bench['threads']} ORT thread(s), "
              f"{bench['cores']} cores, {bench['seconds']:g} s per side in {bench['rounds']} turns",
-             f"{'batch':>5} {'raw req/s':>10} {'served':>8} {'ratio':>6} {'m.batch':>7} | per execution, ms: "
-             f"{'raw':>5} {'cycle':>6} {'input':>6} {'infer':>6} {'execute':>7} {'ORT':>6} {'output':>6}  turns"]
+             f"{'batch':>5} {'client':<14}{'raw req/s':>10} {'served':>8} {'ratio':>6} {'m.batch':>7} | per execution, "
+             f"ms: {'raw':>5} {'cycle':>6} {'input':>6} {'infer':>6} {'execute':>7} {'ORT':>6} {'output':>6}  turns"]
     for row in bench["rows"]:
-        r, s = row["raw"], row["served"]
-        lines.append(f"{row['batch']:>5} {r['rps']:>10.0f} {s['rps']:>8.0f} {row['served_over_raw']:>6.2f} "
-                     f"{s['mean_batch'] or 0:>7.1f} | {'':>19}{_ms(r['mean_ms']):>5} {_ms(s['cycle_ms']):>6} "
-                     f"{_ms(s['compute_input_ms']):>6} {_ms(s['compute_infer_ms']):>6} "
-                     f"{_ms(s['runner']['execute_ms']):>7} {_ms(s['runner']['ort_ms']):>6} "
-                     f"{_ms(s['compute_output_ms']):>6}  {'/'.join(f'{x:.2f}' for x in row['per_round'])}")
+        r = row["raw"]
+        for c, x in row["clients"].items():
+            s = x["served"]
+            lines.append(f"{row['batch']:>5} {c:<14}{r['rps']:>10.0f} {s['rps']:>8.0f} {x['served_over_raw']:>6.2f} "
+                         f"{s['mean_batch'] or 0:>7.1f} | {'':>19}{_ms(r['mean_ms']):>5} {_ms(s['cycle_ms']):>6} "
+                         f"{_ms(s['compute_input_ms']):>6} {_ms(s['compute_infer_ms']):>6} "
+                         f"{_ms(s['runner']['execute_ms']):>7} {_ms(s['runner']['ort_ms']):>6} "
+                         f"{_ms(s['compute_output_ms']):>6}  {'/'.join(f'{v:.2f}' for v in x['per_round'])}")
     lat = bench["light_load"]
-    lines.append(f"batch 1, one client: raw P50 {lat['raw_p50_ms']:.2f} ms, served P50 {lat['served_p50_ms']:.2f} ms: "
-                 f"added {lat['added_p50_ms']:.2f} ms (mean: added {lat['added_mean_ms']:.2f} ms)")
     top = bench["rows"][-1]
     t = bench["targets"]
-    lines.append(f"served/raw at max batch {top['batch']}: {top['served_over_raw']:.2f} "
-                 f"(target >= {t['served_over_raw_at_max_batch_at_least']}); added latency at batch 1: "
-                 f"{lat['added_p50_ms']:.2f} ms (target <= {t['added_latency_batch1_ms_at_most']} ms)")
+    for c, x in lat["clients"].items():
+        lines.append(f"batch 1, one {c} client: raw P50 {lat['raw_p50_ms']:.2f} ms, served P50 "
+                     f"{x['served_p50_ms']:.2f} ms: added {x['added_p50_ms']:.2f} ms (mean: added "
+                     f"{x['added_mean_ms']:.2f} ms)")
+        lines.append(f"  served/raw at max batch {top['batch']} with {c}: {top['clients'][c]['served_over_raw']:.2f} "
+                     f"(target >= {t['served_over_raw_at_max_batch_at_least']}); added latency at batch 1: "
+                     f"{x['added_p50_ms']:.2f} ms (target <= {t['added_latency_batch1_ms_at_most']} ms)")
     return "\n".join(lines)

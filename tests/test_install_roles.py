@@ -48,6 +48,17 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def test_bench_peer_without_the_peer_extra_names_the_extra(tmp_path):
+    hide_ma = WITHOUT_DEPLOY.replace('("helm_python", "kubernetes_validate")', '("model_analyzer",)')
+    (tmp_path / "m.onnx").write_bytes(b"")
+    spec = write_spec(tmp_path, {"models": [{"name": "m", "onnx": "m.onnx"}]})
+    done = subprocess.run([sys.executable, "-c", hide_ma, "bench", "peer", "--spec", str(spec),
+                           "--out", str(tmp_path / "out")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "[peer]" in done.stderr and "pip install" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_deploy_without_the_deploy_extra_names_the_extra(tmp_path):
     (tmp_path / "m.onnx").write_bytes(b"")  # never read: the extra is checked first
     spec = write_spec(tmp_path, {"models": [{"name": "m", "onnx": "m.onnx"}]})

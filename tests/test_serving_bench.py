@@ -34,15 +34,17 @@ def test_bench_serving_breaks_the_served_time_down(tmp_path):
     bench = run_serving_bench(tmp_path, max_batch=4, seconds=1.0, rounds=2, width=64, layers=2, log=lambda s: None)
     assert [r["batch"] for r in bench["rows"]] == [1, 4]
     for row in bench["rows"]:
-        s, raw = row["served"], row["raw"]
-        assert s["ok"] > 0 and s["errors"] == 0 and raw["rps"] > 0
-        assert row["served_over_raw"] > 0 and len(row["per_round"]) == 2
-        # The runner's counters came back from the stub: execute wraps the ORT call.
-        r = s["runner"]
-        assert r["ort_calls_per_execute"] >= 1
-        assert 0 < r["ort_ms"] <= r["execute_ms"]
-        assert s["compute_infer_ms"] > 0 and s["executions"] > 0
-    light = bench["light_load"]
-    assert light["served_p50_ms"] > 0 and np.isfinite(light["added_p50_ms"])
+        assert set(row["clients"]) == {"asyncio", "perf_analyzer"} and row["raw"]["rps"] > 0
+        for x in row["clients"].values():  # each client drove the served side
+            s = x["served"]
+            assert s["ok"] > 0 and s["errors"] == 0
+            assert x["served_over_raw"] > 0 and len(x["per_round"]) == 2
+            # The runner's counters came back from the stub: execute wraps the ORT call.
+            r = s["runner"]
+            assert r["ort_calls_per_execute"] >= 1
+            assert 0 < r["ort_ms"] <= r["execute_ms"]
+            assert s["compute_infer_ms"] > 0 and s["executions"] > 0
+    for x in bench["light_load"]["clients"].values():
+        assert x["served_p50_ms"] > 0 and np.isfinite(x["added_p50_ms"])
     written = json.loads((tmp_path / "bench_serving.json").read_text())
     assert written["kind"] == "bench/serving" and written["targets"] == bench["targets"]

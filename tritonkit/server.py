@@ -194,8 +194,11 @@ class LocalTriton:
 
     def __init__(self, repository: Path, server: ServerSpec, state_dir: Path, *, use_cache: bool = False,
                  http_port: int | None = None, grpc_port: int | None = None, metrics_port: int | None = None,
-                 log_verbose: int = 0, cpus: set[int] | None = None):
+                 log_verbose: int = 0, cpus: set[int] | None = None, restricted: bool = True):
         self.repository = Path(repository).resolve()
+        # False only for a peer tool that loads models itself and cannot send the key header (Model
+        # Analyzer's remote mode)
+        self.restricted = restricted
         self.cpus = cpus  # pin the server (and the backend stubs it starts later) to these cores
         self.server = server
         self.state_dir = Path(state_dir).resolve()
@@ -236,12 +239,12 @@ class LocalTriton:
             f"--metrics-address={self.server.host}", f"--metrics-port={ports['metrics_port']}",
             "--allow-metrics=true", "--allow-gpu-metrics=false", "--allow-cpu-metrics=true",
             "--metrics-config=summary_latencies=true",
-            f"--http-restricted-api={restricted}",
-            f"--grpc-restricted-protocol={restricted}",
             "--strict-readiness=true",
             "--exit-timeout-secs=10",
             f"--log-verbose={self.log_verbose}",
         ]
+        if self.restricted:
+            cmd += [f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]
         if install.backend_dir:
             cmd.append(f"--backend-directory={install.backend_dir}")
         if install.cache_dir:

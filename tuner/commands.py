@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tritonkit.benchmarks.model_analyzer import require_model_analyzer
+from tritonkit.benchmarks.peer_bench import MA_WALL_S, run_peer_bench
 from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, say, spec_arg
 from tritonkit.configs.loader import load_spec, resolve
 from tritonkit.configs.steps import serve_configured
@@ -87,6 +89,15 @@ def cmd_bench(a: argparse.Namespace) -> int:
                         margin=s.margin, probe=Probe(max_s=s.max_trial_s), confirmations=a.confirmations,
                         traits=traits, log=say)
         say(f"wrote {a.out / 'bench_tuner.json'}")
+    elif a.what == "peer":
+        rounds = 3 if a.rounds is None else a.rounds
+        raise_flag_problems([("--rounds", rounds >= 1, "judge at least once, e.g. 3"),
+                             ("--ma-wall-s", a.ma_wall_s > 0, "give Model Analyzer some time, e.g. 900")])
+        require_model_analyzer()
+        spec = load_spec(a.spec, a.repo)
+        run_peer_bench(spec, a.model or spec.models[0].name, a.out / "peer", p95_ms=a.p95_ms, wall_s=a.ma_wall_s,
+                       rounds=rounds, seconds=a.seconds, log=say)
+        say(f"wrote {a.out / 'peer' / 'bench_peer.json'}")
     elif a.what == "floor":
         s = TuneSettings(p95_ms=a.p95_ms, margin=a.margin, max_trial_s=a.max_trial_s)
         rounds = 12 if a.rounds is None else a.rounds
@@ -167,8 +178,12 @@ def register(sub) -> None:
     sp.set_defaults(func=cmd_tune)
 
     sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
-    sp.add_argument("what", choices=["generators", "tuner", "floor", "overload", "serving", "footprint", "routing"],
-                    help="generators: Locust HTTP vs asyncio gRPC capacity and distortion; "
+    sp.add_argument("what", choices=["generators", "tuner", "floor", "overload", "serving", "footprint", "routing",
+                                     "peer"],
+                    help="generators: Locust HTTP vs asyncio gRPC capacity and distortion, and one load through all "
+                         "three engines; "
+                         "peer: Model Analyzer's quick search (the [peer] extra), then perf_analyzer judging its "
+                         "winner against the spec's config side by side; "
                          "tuner: the tuner against an exhaustive grid over the same knobs; "
                          "floor: one config's figure measured again and again (how closely two figures "
                          "measured on this box can agree); "
@@ -188,6 +203,8 @@ def register(sub) -> None:
     sp.add_argument("--rounds", type=int, default=None,
                     help="floor: how many times the config's figure is measured (default 12); generators: rounds of "
                          "the three engines' agreement runs (default 3)")
+    sp.add_argument("--ma-wall-s", type=float, default=MA_WALL_S,
+                    help="peer: stop Model Analyzer after this many seconds (default: %(default)g)")
     sp.add_argument("--out", type=Path, default=Path("out/bench"))
     sp.add_argument("--seconds", type=float, default=5.0, help="steady window of each run")
     sp.add_argument("--users", type=int, default=16, help="closed-loop clients for the capacity runs")

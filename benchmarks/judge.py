@@ -1,0 +1,172 @@
+"""The neutral judge: two or more configs of one model, served side by side by one server and
+measured by perf_analyzer (NVIDIA's C++ client, the tool Triton users trust) at the same Poisson
+rates, interleaved, round after round.
+
+Each config is loaded as its own copy of the model (`<model>__<entrant>`), so no reload stands
+between two measurements and a slow minute of the machine hits every entrant alike. A round walks
+a ladder down in JUDGE_STEP steps from the highest start: one 15% rung above an entrant's claim,
+or its capacity (perf_analyzer's closed loop) where it has none; at each rate every
+entrant still pending gets one run, in an order that rotates from round to round; an entrant's
+figure for the round is the first rate where that run's P95 is within the SLO and at most
+`max_errors` of its requests failed. The figure is the median of the rounds, with their spread.
+
+perf_analyzer gives up on a measurement at its first failed request, and Triton 2.51 counts queue
+timeouts in its statistics but not a full queue's refusals. So a run that perf_analyzer abandons
+(a config's queue policy refused a request) is measured again at the same rate by the kit's
+asyncio client, which counts every refusal against the error budget instead of failing the config
+on its first; the judge reports how many runs each entrant needed that for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonkit.configs.generate import generate
+from tritonkit.loadtests.asyncgen import run_load
+from tritonkit.loadtests.load import Load, Outcome, generator_health
+from tritonkit.loadtests.pa_run import PerfAnalyzerStopped, run_pa
+from tritonkit.serving import running
+from tritonkit.spec import ModelSpec, ServerSpec, Spec
+from tritonkit.stats import percentile
+
+JUDGE_STEP = 1.05  # the figure's resolution: two configs differ by what they hold, not by a coarse rung
+START_ABOVE = 1.15  # the ladder starts this far above the highest claim, so a figure is an edge, not a claim
+FLOOR_BELOW = 4.0  # ... and stops this far below the lowest: an entrant that holds nothing there scores 0
+CALIBRATION_S = 3.0
+FALLBACK = "asyncio (perf_analyzer stopped at a refused request)"
+
+
+@dataclass(frozen=True)
+class Entrant:
+    name: str  # "kit", "model_analyzer", "spec", ...
+    model: ModelSpec  # the config, as the spec's model with that config
+    claim_rps: float | None = None  # what its own search said it holds; None: calibrated here
+
+
+@dataclass(frozen=True)
+class Run:
+    entrant: str
+    rate: float
+    engine: str
+    requests: int
+    ok_rps: float
+    p95_ms: float | None
+    error_ratio: float
+    held: bool
+    note: str = ""
+
+
+def judged_name(model: str, entrant: str) -> str:
+    return f"{model}__{entrant}"
+
+
+def judge(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, p95_ms: float, max_errors: float = 0.01,
+          rounds: int = 3, seconds: float = 5.0, floor_rps: float | None = None,
+          log: Callable[[str], None] = print) -> dict:
+    """Each entrant's sustained rate under the SLO, `rounds` times, by the rule above; an entrant
+    that holds nothing down to `floor_rps` (default: FLOOR_BELOW under the lowest start) scores 0."""
+    variants = [e.model.model_copy(update={"name": judged_name(model, e.name)}) for e in entrants]
+    server = ServerSpec(http_port=0, grpc_port=0, metrics_port=0)
+    judged = Spec(spec.data.model_copy(update={"models": variants, "server": server}), spec.path, spec.shown)
+    repo = Path(work) / "repo"
+    generate(judged, repo)
+    runs: list[Run] = []
+    figures: dict[str, list[float]] = {e.name: [] for e in entrants}
+    p95_at: dict[str, list[float | None]] = {e.name: [] for e in entrants}
+    with running(judged, repo, Path(work) / "state", log=log) as r:
+        url = r.endpoints.grpc
+
+        def measure(e: Entrant, rate: float) -> Run:
+            run = measure_once(url, judged_name(model, e.name), e.name, rate, seconds, p95_ms, max_errors)
+            runs.append(run)
+            log(f"   {e.name:<16} {rate:7.0f} req/s: P95 {run.p95_ms or math.nan:7.2f} ms, errors "
+                f"{run.error_ratio:6.2%} -> {'holds' if run.held else 'misses'}"
+                + (f" [{run.engine}]" if run.engine != "perf_analyzer" else ""))
+            return run
+
+        # where each entrant's ladder would start: a rung above its claim, or its capacity
+        claims = {e.name: e.claim_rps * START_ABOVE if e.claim_rps else
+                  calibrate(url, judged_name(model, e.name), e.model, log) for e in entrants}
+        start = max(claims.values())
+        floor = floor_rps or min(claims.values()) / FLOOR_BELOW
+        log(f"== the judge: {rounds} rounds from {start:.0f} req/s down in {JUDGE_STEP - 1:.0%} steps, "
+            f"P95 <= {p95_ms:g} ms, errors <= {max_errors:.0%}, {seconds:g} s a run")
+        for i in range(rounds):
+            log(f"== round {i + 1}/{rounds}")
+            order = entrants[i % len(entrants):] + entrants[:i % len(entrants)]
+            pending, rate = list(order), start
+            while pending and rate >= floor:
+                for e in list(pending):
+                    run = measure(e, rate)
+                    if run.held:
+                        figures[e.name].append(run.ok_rps)
+                        p95_at[e.name].append(run.p95_ms)
+                        pending.remove(e)
+                rate /= JUDGE_STEP
+            for e in pending:
+                figures[e.name].append(0.0)
+                p95_at[e.name].append(None)
+    return {"p95_ms": p95_ms, "max_errors": max_errors, "rounds": rounds, "seconds": seconds,
+            "step": JUDGE_STEP, "start_rps": round(start, 1), "claims": {k: round(v, 1) for k, v in claims.items()},
+            "entrants": {e.name: _summary(e, figures[e.name], p95_at[e.name], runs, start) for e in entrants},
+            "runs": [vars(x) for x in runs]}
+
+
+def measure_once(url: str, name: str, entrant: str, rate: float, seconds: float, p95_ms: float,
+                 max_errors: float) -> Run:
+    load = Load(rate=rate, duration_s=seconds, warmup_s=1.0)
+    engine = "perf_analyzer"
+    try:
+        out = run_pa(url, name, load, log=lambda s: None)
+    except PerfAnalyzerStopped:
+        engine = FALLBACK
+        out = asyncio.run(run_load(url, name, load))
+    return verdict(out, load, entrant, engine, p95_ms, max_errors)
+
+
+def verdict(out: Outcome, load: Load, entrant: str, engine: str, p95_ms: float, max_errors: float) -> Run:
+    """Held: some requests, a P95 within the SLO, errors within the budget, and a generator that
+    kept up (a run it could not offer says nothing about the config)."""
+    ok = [s.latency_s * 1e3 for s in out.samples if s.latency_s is not None]
+    n = len(out.samples)
+    p95 = percentile(ok, 95) if ok else None
+    errors = (n - len(ok)) / n if n else 1.0
+    health = generator_health(load, out)
+    held = bool(ok) and p95 <= p95_ms and errors <= max_errors and not health["saturated"]
+    return Run(entrant, round(load.rate, 1), engine, n, round(len(ok) / load.duration_s, 1),
+               None if p95 is None else round(p95, 3), round(errors, 4), held, health["warning"] or "")
+
+
+def calibrate(url: str, name: str, m: ModelSpec, log: Callable[[str], None]) -> float:
+    """Where the ladder starts for an entrant without a claim: what perf_analyzer's closed loop gets
+    through with two full batches in flight per instance, which no open-loop rate under an SLO beats."""
+    clients = 2 * max(1, m.max_batch_size) * m.instances.count
+    out = run_pa(url, name, Load(concurrency=clients, duration_s=CALIBRATION_S, warmup_s=1.0), log=lambda s: None)
+    rate = sum(1 for s in out.samples if s.latency_s is not None) / CALIBRATION_S
+    log(f"   {name}: {rate:.0f} req/s with {clients} in flight (its capacity)")
+    return rate
+
+
+def _summary(e: Entrant, figures: list[float], p95s: list[float | None], runs: list[Run], start: float) -> dict:
+    mine = [x for x in runs if x.entrant == e.name]
+    median = statistics.median(figures) if figures else 0.0
+    return {"rps": round(median, 1), "rounds_rps": figures, "p95_ms_at_figure": p95s,
+            "spread": round((max(figures) - min(figures)) / median, 3) if median > 0 and len(figures) > 1 else None,
+            "held_at_start": sum(1 for x in mine if x.held and x.rate == round(start, 1)),
+            "runs": len(mine), "fallback_runs": sum(1 for x in mine if x.engine == FALLBACK)}
+
+
+def format_judged(j: dict) -> str:
+    lines = [f"the judge: perf_analyzer, Poisson, {j['rounds']} rounds of {j['seconds']:g} s runs, P95 <= "
+             f"{j['p95_ms']:g} ms and errors <= {j['max_errors']:.0%}",
+             f"{'entrant':<18}{'req/s':>8}{'spread':>8}   rounds (req/s)          runs  by asyncio"]
+    for name, s in j["entrants"].items():
+        spread = "-" if s["spread"] is None else f"{s['spread']:.0%}"
+        rounds = ", ".join(f"{x:.0f}" for x in s["rounds_rps"])
+        lines.append(f"{name:<18}{s['rps']:>8.0f}{spread:>8}   {rounds:<24}{s['runs']:>4}{s['fallback_runs']:>11}")
+    return "\n".join(lines)

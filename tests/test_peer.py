@@ -1,0 +1,91 @@
+"""Model Analyzer as a peer and the perf_analyzer judge, against the real server: MA searches a
+repository the kit generates from its own spec, its checkpoint is read back, and the judge scores
+configs served side by side, counting a queue policy's refusals instead of failing on the first."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import write_spec
+from tritonkit.benchmarks.judge import Entrant, judge
+from tritonkit.benchmarks.model_analyzer import best, peer_start, read_checkpoint, run_model_analyzer, winner_model
+from tritonkit.configs.loader import load_spec
+from tritonkit.spec import QueuePolicy
+
+
+def _spec(workdir, onnx="onnx/mlp.onnx", **batching):
+    return load_spec(write_spec(workdir, {"models": [{
+        "name": "peer_mlp", "onnx": onnx, "max_batch_size": 8, "instances": {"count": 1},
+        "batching": {"preferred_batch_sizes": [4, 8], "max_queue_delay_us": 1000, **batching},
+        "slo": {"p95_ms": 50}}]}))
+
+
+def test_the_start_ma_gets_leaves_out_what_it_cannot_vary_and_says_so(workdir):
+    spec = _spec(workdir, default_queue_policy={"max_queue_size": 4, "default_timeout_us": 5000})
+    start, left_out = peer_start(spec.model("peer_mlp"))
+    assert start.batching.preferred_batch_sizes == [] and start.batching.default_queue_policy is None
+    assert not start.warmup and start.batching.max_queue_delay_us == 1000
+    assert left_out == ["preferred_batch_sizes [4, 8]", "the queue policies", "the warm-up samples"]
+    winner = {"max_batch_size": 2, "instances": 2, "max_queue_delay_us": 0, "preferred_batch_sizes": [],
+              "dynamic_batching": True}
+    m = winner_model(start, winner)
+    assert (m.max_batch_size, m.instances.count, m.batching.max_queue_delay_us) == (2, 2, 0)
+
+
+def test_the_checkpoint_reader_and_ma_pick(tmp_path):
+    def variant(batch, count, measured):
+        cfg = {"maxBatchSize": batch, "instanceGroup": [{"count": count, "kind": "KIND_CPU"}], "dynamicBatching": {}}
+        run = {"_model_run_configs": [{"_model_config_variant": {"model_config": cfg}}]}
+        ms = {f"m{i}": {"_model_config_measurements": [{
+            "_model_specific_pa_params": {"concurrency-range": c},
+            "_non_gpu_data": [["perf_throughput", {"_value": rps}], ["perf_latency_p95", {"_value": p95}]]}]}
+            for i, (c, rps, p95) in enumerate(measured)}
+        return [run, ms]
+
+    path = tmp_path / "0.ckpt"
+    path.write_text(json.dumps({"ResultManager.results": {"_results": {"m": {
+        "m_config_default": variant(8, 1, [(16, 900.0, 40.0)]),
+        "m_config_0": variant(1, 2, [(2, 500.0, 5.0), (4, 700.0, 9.0)])}}}}))
+    measured = read_checkpoint(path, "m")
+    assert len(measured) == 3 and measured[0]["max_batch_size"] == 8 and measured[2]["instances"] == 2
+    assert best(measured, 10)["throughput_rps"] == 700.0  # the fastest within the P95
+    assert best(measured, 50)["variant"] == "m_config_default"
+    assert best(measured, 1) is None
+
+
+@pytest.mark.server
+def test_model_analyzer_searches_the_kits_repository_within_its_bounds(workdir):
+    """MA's quick search on a spec the kit writes (preferred sizes, queue policy, warm-up: all of
+    which stop MA when left in), bounded to one instance and max batch 2 and to its wall time: it
+    measures configs, the kit reads them and names a winner within the P95."""
+    spec = _spec(workdir, default_queue_policy={"max_queue_size": 4})
+    r = run_model_analyzer(spec, "peer_mlp", workdir / "ma", p95_ms=50, max_instances=1, max_batch=2, wall_s=150,
+                           window_ms=500, log=lambda s: None)
+    assert len(r["configs"]) >= 2, r
+    assert {m["instances"] for m in r["configs"]} == {1}
+    assert max(m["max_batch_size"] for m in r["configs"]) <= 8  # the start's 8, then MA's own <= 2
+    assert r["winner"] is not None and r["winner"]["p95_ms"] <= 50
+    assert r["search_s"] <= r["wall_s"] <= 150 + 90  # MA is stopped within a minute of its bound
+    assert (workdir / "ma" / "model_analyzer.json").exists()
+
+
+@pytest.mark.server
+def test_the_judge_scores_configs_side_by_side_and_counts_refusals(workdir):
+    """Two configs of one model in one server: a normal one holds a rate; one whose one-deep queue
+    refuses requests makes perf_analyzer give up, and the judge measures that run again with a
+    client that counts the refusals, rather than stopping."""
+    spec = _spec(workdir, onnx="onnx/mlp_slow.onnx")  # a few ms a request: one queue slot overflows
+    m = spec.model("peer_mlp")
+    tiny = m.model_copy(update={"batching": m.batching.model_copy(update={
+        "preferred_batch_sizes": [], "max_queue_delay_us": 0,
+        "default_queue_policy": QueuePolicy(max_queue_size=1)}), "max_batch_size": 1})
+    j = judge(spec, "peer_mlp", [Entrant("plain", m, claim_rps=100), Entrant("tiny", tiny, claim_rps=150)],
+              workdir / "judge", p95_ms=50, rounds=1, seconds=1.0, floor_rps=100, log=lambda s: None)
+    plain, refusing = j["entrants"]["plain"], j["entrants"]["tiny"]
+    assert plain["rps"] > 0 and plain["runs"] >= 1
+    runs = [r for r in j["runs"] if r["entrant"] == "tiny"]
+    assert refusing["fallback_runs"] >= 1 and any(r["error_ratio"] > 0 for r in runs), runs
+    assert j["start_rps"] == pytest.approx(150 * 1.15)
+    assert all(r["rate"] >= 100 for r in j["runs"])  # the ladder stopped at its floor
