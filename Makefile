@@ -19,9 +19,9 @@ help:
 	@echo "make loadtest  measure MODEL at RATE req/s (exact percentiles, server breakdown) into out/loadtest"
 	@echo "make loadtest-ui  Locust web UI on :8089 against the served model (MODEL=edge_mlp; make serve first)"
 	@echo "make sweep     batch-size sweep of MODEL at RATE req/s: CSV, JSON, plots, report in out/sweep"
-	@echo "make bench     benchmarks as ratios: serving vs raw ONNX Runtime, footprint, load generators (Locust vs"
-	@echo "              asyncio), overload (spec and tuned config at 0.8x/1.5x/3x), tuner vs grid, edge/cloud"
-	@echo "              routing, into out/bench"
+	@echo "make bench     benchmarks as ratios: serving vs raw ONNX Runtime, footprint, load generators (Locust,"
+	@echo "              asyncio, perf_analyzer), overload (spec and tuned config at 0.8x/1.5x/3x), tuner vs grid,"
+	@echo "              Model Analyzer vs the spec judged by perf_analyzer, edge/cloud routing, into out/bench"
 	@echo "make tune      tune MODEL's config from measured P95 (trials, report, tuned.yaml) into out/tune"
 	@echo "make deploy    build engines (GPU), generate configs, helm upgrade --install into the current kube context"
 	@echo "              (DRY_RUN=1: only render and check the manifests, into out/deploy)"
@@ -74,7 +74,8 @@ sweep: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit sweep --spec $(SPEC) --repo $(REPO) --model $(MODEL) --rate $(RATE) --duration $(DURATION)
 
 # The tuner's bench runs an exhaustive grid as well: about half an hour on 2 cores. The floor bench
-# first measures how closely one config's figure agrees with itself here (about ten minutes).
+# first measures how closely one config's figure agrees with itself here (about ten minutes); the peer
+# bench runs Model Analyzer's quick search (at most 15 minutes) and judges its winner.
 bench: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit bench serving --out out/bench
 	$(BIN)/tritonkit bench footprint --out out/bench
@@ -82,6 +83,7 @@ bench: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit bench overload --spec $(SPEC) --model $(MODEL) --out out/bench
 	$(BIN)/tritonkit bench floor --spec $(SPEC) --model $(MODEL) --out out/bench
 	$(BIN)/tritonkit bench tuner --spec $(SPEC) --model $(MODEL) --out out/bench
+	$(BIN)/tritonkit bench peer --spec $(SPEC) --model $(MODEL) --out out/bench
 	$(BIN)/tritonkit bench routing --out out/bench
 
 tune: $(STAMP) $(SAMPLE)

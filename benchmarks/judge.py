@@ -76,8 +76,6 @@ def judge(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, p95_ms
     repo = Path(work) / "repo"
     generate(judged, repo)
     runs: list[Run] = []
-    figures: dict[str, list[float]] = {e.name: [] for e in entrants}
-    p95_at: dict[str, list[float | None]] = {e.name: [] for e in entrants}
     with running(judged, repo, Path(work) / "state", log=log) as r:
         url = r.endpoints.grpc
 
@@ -96,25 +94,36 @@ def judge(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, p95_ms
         floor = floor_rps or min(claims.values()) / FLOOR_BELOW
         log(f"== the judge: {rounds} rounds from {start:.0f} req/s down in {JUDGE_STEP - 1:.0%} steps, "
             f"P95 <= {p95_ms:g} ms, errors <= {max_errors:.0%}, {seconds:g} s a run")
-        for i in range(rounds):
-            log(f"== round {i + 1}/{rounds}")
-            order = entrants[i % len(entrants):] + entrants[:i % len(entrants)]
-            pending, rate = list(order), start
-            while pending and rate >= floor:
-                for e in list(pending):
-                    run = measure(e, rate)
-                    if run.held:
-                        figures[e.name].append(run.ok_rps)
-                        p95_at[e.name].append(run.p95_ms)
-                        pending.remove(e)
-                rate /= JUDGE_STEP
-            for e in pending:
-                figures[e.name].append(0.0)
-                p95_at[e.name].append(None)
+        by_name = {e.name: e for e in entrants}
+        figures, p95_at = ladder(list(by_name), start, floor, rounds, lambda n, rate: measure(by_name[n], rate), log)
     return {"p95_ms": p95_ms, "max_errors": max_errors, "rounds": rounds, "seconds": seconds,
             "step": JUDGE_STEP, "start_rps": round(start, 1), "claims": {k: round(v, 1) for k, v in claims.items()},
             "entrants": {e.name: _summary(e, figures[e.name], p95_at[e.name], runs, start) for e in entrants},
             "runs": [vars(x) for x in runs]}
+
+
+def ladder(names: list[str], start: float, floor: float, rounds: int, measure: Callable[[str, float], Run],
+           log: Callable[[str], None] = print) -> tuple[dict[str, list[float]], dict[str, list[float | None]]]:
+    """The rounds: from `start` down in JUDGE_STEP steps to `floor`, one run per pending entrant at
+    each rate (the order rotating from round to round); an entrant's figure for a round is the
+    served rate of its first run that held, 0 where none held."""
+    figures: dict[str, list[float]] = {n: [] for n in names}
+    p95_at: dict[str, list[float | None]] = {n: [] for n in names}
+    for i in range(rounds):
+        log(f"== round {i + 1}/{rounds}")
+        pending, rate = names[i % len(names):] + names[:i % len(names)], start
+        while pending and rate >= floor:
+            for name in list(pending):
+                run = measure(name, rate)
+                if run.held:
+                    figures[name].append(run.ok_rps)
+                    p95_at[name].append(run.p95_ms)
+                    pending.remove(name)
+            rate /= JUDGE_STEP
+        for name in pending:
+            figures[name].append(0.0)
+            p95_at[name].append(None)
+    return figures, p95_at
 
 
 def measure_once(url: str, name: str, entrant: str, rate: float, seconds: float, p95_ms: float,

@@ -161,3 +161,14 @@ def test_the_graph_finds_a_cycle_through_a_function_level_import(tmp_path):
     graph, inside = import_graph(tmp_path)
     assert find_cycle(graph) == ["tritonkit.a", "tritonkit.b", "tritonkit.a"]
     assert inside == ["tritonkit.b: tritonkit.a (tritonkit/b.py:2)"]
+
+
+def test_the_benchmarks_sit_above_every_product_stage():
+    """`benchmarks/` measures the product; no product module imports it (only the command wiring
+    that registers `tritonkit bench`), so no bench-only constant ships in what users import."""
+    graph, _ = import_graph()
+    bench = {m for m in graph if m.startswith("tritonkit.benchmarks.")}
+    assert {"tritonkit.benchmarks.judge", "tritonkit.benchmarks.tuner_bench"} <= bench
+    users = {m for m, targets in graph.items() for t in targets
+             if t.startswith("tritonkit.benchmarks") and not m.startswith("tritonkit.benchmarks")}
+    assert users <= {"tritonkit.cli"}, sorted(users)

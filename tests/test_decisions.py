@@ -16,19 +16,19 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
+from tritonkit.benchmarks.judge import JUDGE_STEP
+from tritonkit.benchmarks.routing import Sent, share, switch_time
 from tritonkit.clients import AsyncRouter, RouterPolicy
 from tritonkit.clients.endpoint import LatencyWindow
 from tritonkit.clients.errors import UnavailableError
 from tritonkit.loadtests.load import Load, Sample
-from tritonkit.loadtests.routing_bench import Sent, share, switch_time
 from tritonkit.loadtests.stalls import without_stalls
 from tritonkit.server_traits import ServerTraits
 from tritonkit.spec import Batching, ModelSpec, QueuePolicy
-from tritonkit.tuner.bench import JUDGE_STEP, judge
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import DELAYS_US, Knobs, batch_sizes, grid
 from tritonkit.tuner.noise import Noise, clear, fitted_rate, majority, spread_of, wins
-from tritonkit.tuner.offline import RATE_STEP, Objective, Score, Search, predict_p95
+from tritonkit.tuner.offline import RATE_STEP, Objective, Search, predict_p95
 from tritonkit.tuner.online import Controller, OnlineSettings, Window
 from tritonkit.tuner.pooled import holds, pooled
 from tritonkit.tuner.protect import Budget, protect
@@ -267,40 +267,6 @@ def test_on_a_noisy_machine_the_picks_are_stable_and_meet_the_slo():
     assert median >= 0.75 * max(best_sustained(k) for k in grid(batch_sizes(16)))
 
 
-def test_the_bench_measures_both_winners_at_the_same_rates():
-    """bench tuner's last word: the same config claimed at two rates a rung apart gets one figure
-    (the claim does not decide it), and of two configs the one that sustains more gets more."""
-    objective = Objective(SLO_MS)
-    k = Knobs(16, 2000, 2)
-    edge = best_sustained(k)
-    sides = {"tuner": Score(k, edge, edge / RATE_STEP, None), "grid": Score(k, edge, edge, None)}
-    sim = SimulatedTrials()
-    figures, p95s, at_start = judge(sim, sides, objective, 2, log=lambda s: None)
-    assert figures["tuner"] == figures["grid"] and len(figures["tuner"]) == 2
-    assert at_start == {"tuner": 0, "grid": 0}  # a rung above the higher claim: neither holds there
-    assert edge / JUDGE_STEP <= figures["tuner"][0] <= edge * RATE_STEP  # within a 5% step of WORLD's edge
-    assert all(p <= SLO_MS for p in p95s["tuner"] + p95s["grid"])
-    labels = [t.label for t in sim.trials]
-    assert labels[:2] == [k.label(), k.label()]  # interleaved: each rate is run for both sides
-
-    slower = Knobs(2, 0, 1)
-    sides = {"tuner": Score(slower, 1.0, edge, None), "grid": Score(k, edge, edge, None)}
-    figures, _, _ = judge(SimulatedTrials(), sides, objective, 1, log=lambda s: None)
-    assert 0 <= figures["tuner"][0] < figures["grid"][0], figures
-
-    # both searches claimed a rung below what the config sustains: the figure is where it stops
-    # holding, not the claim it was handed
-    sides = {"tuner": Score(k, edge, edge / RATE_STEP, None), "grid": Score(k, edge, edge / RATE_STEP, None)}
-    figures, _, at_start = judge(SimulatedTrials(), sides, objective, 1, log=lambda s: None)
-    assert figures["tuner"][0] >= edge / JUDGE_STEP > edge / RATE_STEP, (figures, edge)
-    # the first rate is the ladder's edge rung, which holds: that figure is only a lower bound
-    # (WORLD's true edge lies below the next rung), and the round is counted as such
-    assert at_start == {"tuner": 1, "grid": 1}
-    low = {"tuner": Score(k, edge, edge / RATE_STEP ** 3, None), "grid": None}
-    figures, _, at_start = judge(SimulatedTrials(), low, objective, 2, log=lambda s: None)
-    assert at_start == {"tuner": 2, "grid": 0} and figures["grid"] == [], (figures, at_start)
-
-
 
 
 class SlowsDown(SimulatedTrials):
@@ -357,7 +323,7 @@ def test_the_grid_starts_lower_on_a_box_where_no_config_holds_its_first_rung():
     """A box slower than the grid's ladder assumes (issue #15's slowest hour held about 100 req/s):
     every config fails 200 req/s, so the grid screens all again from half the rate, and ends with
     figures rather than none."""
-    from tritonkit.tuner import bench
+    from tritonkit.benchmarks import tuner_bench as bench
 
     class SlowBox:
         def __init__(self):
@@ -394,6 +360,27 @@ class _NoServer:
         pass
 
 
+def world_judge(seen: list):
+    """The judge's ladder on WORLD (no server): each entrant holds a rate while WORLD predicts its
+    P95 within the SLO there; `seen` gets the entrants it was handed."""
+    from tritonkit.benchmarks.judge import Run, ladder
+
+    def fake(spec, model, entrants, work, *, p95_ms, rounds, log, **kw) -> dict:
+        seen.extend(entrants)
+        knobs = {e.name: Knobs(e.model.max_batch_size, e.model.batching.max_queue_delay_us, e.model.instances.count)
+                 for e in entrants}
+        start = max(best_sustained(k) for k in knobs.values()) * RATE_STEP
+
+        def measure(name: str, rate: float) -> Run:
+            p95 = predict_p95(WORLD, knobs[name], rate)
+            return Run(name, rate, "world", int(rate), rate, p95, 0.0, p95 <= p95_ms)
+
+        figures, p95s = ladder(list(knobs), start, start / 8, rounds, measure, log)
+        return {"entrants": {n: {"rounds_rps": figures[n], "p95_ms_at_figure": p95s[n], "held_at_start": 0,
+                                 "runs": rounds} for n in knobs}}
+    return fake
+
+
 def on_world(module, monkeypatch) -> list[SimulatedTrials]:
     """A bench module (`tuner/bench.py`, `tuner/floor_bench.py`) run on WORLD: no server, no
     repository, the SLO objective; returns the simulated trials each `Trials(...)` it made."""
@@ -413,22 +400,23 @@ def test_bench_tuner_gives_the_tuner_its_share_of_the_grid_trials(tmp_path, monk
     budget, both winners are measured again, and the figures and the JSON say so."""
     import json
 
-    from tritonkit.tuner import bench
+    from tritonkit.benchmarks import tuner_bench as bench
 
     sims = on_world(bench, monkeypatch)
     monkeypatch.setattr(bench, "max_batch_bound", lambda *a, **kw: 16)
     monkeypatch.setattr(bench, "from_spec", lambda m: Knobs(16, 8000, 1))
     traits = ServerTraits("2.51.0", stalls=True, safe_instances=2)  # the spec has a bounded queue (128)
+    judged = []
     out = bench.run_tuner_bench(SimulatedTrials.spec, "m", tmp_path, tmp_path, tmp_path, confirmations=2,
-                                traits=traits, log=lambda s: None)
-    grid_sim, tuner_sim, judged = sims
+                                traits=traits, final_judge=world_judge(judged), log=lambda s: None)
+    grid_sim, tuner_sim = sims
     f = out["figures"]
     # the grid screens every config, one instance too, but neither side's winner is one the probe
     # found stalling, and the judge measures none
     assert any(t.knobs["instances"] == 1 for t in grid_sim.trials if t.phase == "grid")
     assert f["grid"]["stalling_configs"] == 20 and f["grid"]["stalling_trials"] > 0
     assert "x1" not in f["grid"]["best"] and "x1" not in f["tuner"]["best"], f
-    assert judged.trials and all(t.knobs["instances"] >= 2 for t in judged.trials)
+    assert {e.name for e in judged} == {"tuner", "grid"} and all(e.model.instances.count >= 2 for e in judged)
     assert f["trials_pct_of_safe_grid"] > f["trials_pct_of_grid"]
     assert f["tuner_budget"] == min(30, int(0.15 * len(grid_sim.trials))) >= len(tuner_sim.trials)
     assert f["trials_pct_of_grid"] <= 15
@@ -437,35 +425,25 @@ def test_bench_tuner_gives_the_tuner_its_share_of_the_grid_trials(tmp_path, monk
     assert json.loads((tmp_path / "bench_tuner.json").read_text())["figures"] == json.loads(json.dumps(f))
 
 
-def test_bench_floor_measures_the_spec_config_again_and_again(tmp_path, monkeypatch):
-    """`bench floor` on WORLD: one screening ladder, then `rounds` judge rounds of the spec's config
-    only; a box without noise gives the same figure every round, so the spread is 0."""
+def test_bench_floor_measures_the_spec_config_again_and_again(tmp_path):
+    """`bench floor`: `rounds` judge rounds of the spec's config only; a box without noise gives the
+    same figure every round, so the spread is 0."""
     import json
 
-    from tritonkit.tuner import floor_bench
+    from tritonkit.benchmarks import floor
 
-    sims = on_world(floor_bench, monkeypatch)
-    spec_config = Knobs(16, 2000, 2)
-    monkeypatch.setattr(floor_bench, "from_spec", lambda m: spec_config)
-    f = floor_bench.run_floor_bench(SimulatedTrials.spec, "m", tmp_path, tmp_path, tmp_path, rounds=4,
-                                    log=lambda s: None)
-    (sim,) = sims
-    assert {t.label for t in sim.trials} == {spec_config.label()}
-    assert [t.phase for t in sim.trials][0] == "grid" and sim.trials[-1].phase == "confirm"
+    judged = []
+    f = floor.run_floor_bench(SimulatedTrials.spec, "m", tmp_path, rounds=4, p95_ms=SLO_MS,
+                              final_judge=world_judge(judged), log=lambda s: None)
+    assert [e.name for e in judged] == ["config"]
     assert len(f["rounds_rps"]) == 4 and len(set(f["rounds_rps"])) == 1 and f["rounds_rps"][0] > 0
     assert f["spread"] == 0 and f["medians_of_3"] == f["rounds_rps"][:1]
-    assert f["held_at_first_rate"] == 0  # the judge starts where the climb failed
-    # the judge starts where the climb failed, so each round's figure is where the config stops
-    # holding: within a 5% step of WORLD's edge (between this ladder rung and the next)
-    rung = best_sustained(spec_config)
-    assert rung / JUDGE_STEP <= f["median_rps"] <= rung * RATE_STEP, (f, rung)
-    climbed = [t for t in sim.trials if t.phase == "climb"]
-    assert climbed and not climbed[-1].passed  # it climbed until a rate did not hold
+    assert f["held_at_first_rate"] == 0
     assert json.loads((tmp_path / "bench_floor.json").read_text())["figures"] == json.loads(json.dumps(f))
 
 
 def test_the_floor_counts_rounds_that_held_nowhere_and_gives_each_bench_figure():
-    from tritonkit.tuner.floor_bench import floor_figures
+    from tritonkit.benchmarks.floor import floor_figures
 
     f = floor_figures([700.0, 800.0, 760.0, 820.0, 0.0, 790.0, 810.0])
     assert f["medians_of_3"] == [760.0, 790.0]  # the seventh round makes no three
@@ -888,3 +866,26 @@ def test_router_hedges_stay_within_their_budget():
     c = asyncio.run(go())
     assert c["ok"] == 100 and 19 <= c["hedges"] <= 20
     assert sum(f.calls for f in fakes.values()) == 100 + c["hedges"]
+
+
+def test_the_judge_ladder_scores_each_entrant_where_it_stops_holding():
+    """The judge's rule, without a server: from the start down in 5% steps, both entrants run at
+    each rate (the first to run alternating between rounds); a figure is the first rate that
+    held, within one step of where the entrant stops holding; one that holds nowhere scores 0."""
+    from tritonkit.benchmarks.judge import Run, ladder
+
+    edges = {"a": 500.0, "b": 400.0, "never": 0.0}
+    calls: list[tuple[str, float]] = []
+
+    def measure(name: str, rate: float) -> Run:
+        calls.append((name, rate))
+        return Run(name, rate, "fake", 100, rate, 10.0, 0.0, rate <= edges[name])
+
+    figures, p95s = ladder(["a", "b", "never"], 600.0, 150.0, 2, measure, log=lambda s: None)
+    for name in ("a", "b"):
+        assert len(figures[name]) == 2 and edges[name] / JUDGE_STEP < figures[name][0] <= edges[name], figures
+    assert figures["a"][0] > figures["b"][0] and figures["never"] == [0.0, 0.0] and p95s["never"] == [None, None]
+    assert calls[0] == ("a", 600.0) and calls[1] == ("b", 600.0)  # the same rate for all, interleaved
+    second = calls[[i for i, c in enumerate(calls) if c[1] == 600.0][3]:]
+    assert second[0][0] == "b"  # round 2 starts with the next entrant
+    assert min(r for _, r in calls) >= 150.0  # never below the floor

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tritonkit import runner_timings
-from tritonkit.loadtests.serving_bench import run_serving_bench
+from tritonkit.benchmarks.serving import run_serving_bench
 
 
 def test_timing_counters_of_every_instance_add_up(tmp_path, monkeypatch):

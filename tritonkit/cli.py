@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from tritonkit import commands as core
+from tritonkit.benchmarks import commands as benchmarks
 from tritonkit.build_engines import commands as build_engines
 from tritonkit.clients import commands as clients
 from tritonkit.configs import commands as configs
@@ -18,7 +19,7 @@ from tritonkit.tuner import commands as tuner
 
 # In the order `tritonkit --help` lists them: from the spec to the cluster.
 STAGES = (configs.register, build_engines.register, core.register, clients.register, loadtests.register,
-          tuner.register, core.register_demo, helm.register)
+          tuner.register, benchmarks.register, core.register_demo, helm.register)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,9 +10,10 @@ side's winner is confirmed by the same `confirm` (three runs, pooled). Both side
 a brute-force search knows nothing of the server, but a config the probe found stalls the batcher
 is never a finalist, as the tuner never proposes one; the trials the grid spent on such configs are
 reported apart. The grid runs first: the tuner then gets TRIALS_SHARE of the grid's trials as its
-budget, the bound the comparison is about. Last, both winners are measured again `confirmations`
-times by `judge`: at the same rates, run for run interleaved (tuner, grid, tuner, ...), so that a
-drift of the machine hits both: the figures are the medians of those, with their spread. Reported:
+budget, the bound the comparison is about. Last, both winners are measured `confirmations` times
+by the neutral judge (benchmarks/judge.py): both configs served side by side in one server,
+perf_analyzer at the same Poisson rates, interleaved, so that a drift of the machine hits both: the
+figures are the medians of those rounds, with their spread. Reported:
 the tuner's figure as a percentage of the grid's, its trials and time as percentages of the grid's,
 and each search's own confirmed rate (what `tritonkit tune` would have written).
 """
@@ -26,6 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tritonkit.benchmarks.judge import Entrant, judge
 from tritonkit.configs.generate import generate
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
@@ -34,11 +36,10 @@ from tritonkit.spec import Spec
 from tritonkit.tuner.knobs import Knobs, batch_sizes, from_spec, grid
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.noise import spread_of
-from tritonkit.tuner.offline import RATE_STEP, Objective, Score, Search, confirm, held
-from tritonkit.tuner.pooled import pooled
+from tritonkit.tuner.offline import RATE_STEP, Score, Search, confirm
 from tritonkit.tuner.run import max_batch_bound, objective_for
 from tritonkit.tuner.settings import DEFAULT_MARGIN, TuneSettings
-from tritonkit.tuner.trials import LocalServer, Probe, Trial, Trials
+from tritonkit.tuner.trials import LocalServer, Probe, Trials
 
 GRID_START_RPS = 200.0  # a coarse ladder: a config that cannot serve this is nowhere near the best
 GRID_MIN_RPS = 25.0  # ... unless none can: on a slow box the ladder starts at half, down to this
@@ -49,9 +50,6 @@ GRID_FINALISTS = 3  # screened configs that get the majority-of-runs rate search
 # --max-trials, never less than a calibration, a baseline and a confirmation need).
 TRIALS_SHARE = 0.15
 MIN_TUNER_TRIALS = 12
-# The bench's own figures step by 5%, finer than the search's ladder: two configs measured at the
-# same rates then differ by what they sustain, not by a 15% rung one of them happened to miss.
-JUDGE_STEP = 1.05
 
 
 def screen(trials: Trials, points: list[Knobs]) -> list[Score]:
@@ -91,7 +89,8 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
                     p95_ms: float | None = None, max_trials: int = TuneSettings.max_trials,
                     probe: Probe | None = None,
                     margin: float = DEFAULT_MARGIN, confirmations: int = 3,
-                    traits: ServerTraits | None = None, log: Callable[[str], None] = print) -> dict:
+                    traits: ServerTraits | None = None, final_judge: Callable[..., dict] = judge,
+                    log: Callable[[str], None] = print) -> dict:
     objective = objective_for(spec, model, p95_ms, None, TuneSettings.max_errors, margin)
     bound = max_batch_bound(spec, model)
     probe = probe or Probe()
@@ -132,13 +131,18 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
             tuning = Search(tuner_trials, objective, bound, budget, log, traits).run(from_spec(spec.model(model)))
             tuner_s = time.perf_counter() - t0
 
-            log(f"==== both winners measured {confirmations} more times, interleaved, at the same rates")
-            judged = trials()
             sides = {"tuner": tuning.best if tuning.confirmed else None, "grid": grid_best}
-            figures_of, p95s_of, at_start_of = judge(judged, sides, objective, confirmations, log)
         finally:
             generate(spec, repo, models=[model])
             server.close()
+    log(f"==== both winners measured {confirmations} more times by perf_analyzer, side by side")
+    entrants = [Entrant(name, s.knobs.model(spec.model(model)), claim_rps=s.rate) for name, s in sides.items() if s]
+    judged = final_judge(spec, model, entrants, Path(out_dir) / "judge", p95_ms=objective.slo_p95_ms,
+                         max_errors=objective.max_error_ratio, rounds=confirmations, log=log) if entrants else None
+    scored = judged["entrants"] if judged else {}
+    figures_of = {name: scored[name]["rounds_rps"] if name in scored else [] for name in sides}
+    p95s_of = {name: scored[name]["p95_ms_at_figure"] if name in scored else [] for name in sides}
+    at_start_of = {name: scored[name]["held_at_start"] if name in scored else 0 for name in sides}
 
     def side(s: Score | None, trial_list: list, seconds: float, name: str, pick: Score | None = None) -> dict:
         again = figures_of[name]
@@ -171,55 +175,11 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
     }
     bench = {"schema": SCHEMA, "kind": "bench/tuner", "model": model, "figures": figures,
              "tuner_trials": [x.to_json() for x in tuner_trials.trials],
-             "grid_trials": [x.to_json() for x in grid_trials.trials],
-             "confirmation_trials": [x.to_json() for x in judged.trials]}
+             "grid_trials": [x.to_json() for x in grid_trials.trials], "judge": judged}
     out_dir = Path(out_dir)
     write_bytes_atomic(out_dir / "bench_tuner.json", json.dumps(bench, indent=2, default=str).encode())
     log(format_tuner_bench(figures))
     return bench
-
-
-def judge(trials: Trials, sides: dict[str, Score | None], objective: Objective, times: int,
-          log: Callable[[str], None]) -> tuple[dict[str, list[float]], dict[str, list[float | None]], dict[str, int]]:
-    """What each side's config sustains, measured `times` times by one rule: from a search rung
-    above the higher of the two confirmed rates down in steps of JUDGE_STEP, run for run interleaved
-    (tuner, grid, tuner, ...) at each rate, a side's figure is the first rate where its runs,
-    pooled, meet the SLO (the confirmation's rule). Both configs meet the same rates and the same
-    minute of the machine, so a difference is the configs', not the luck of where each search's
-    rate ladder ended; starting above both claims, a figure is where a config stops holding, not
-    the claim it was handed (bench run 9: both held at the higher claim in every round, which a
-    confirmation had failed 15% above); 0 where none held. Also counted: the rounds a side held at
-    the first rate, whose figure is only a lower bound (the box sped up since the claim)."""
-    present = {name: s for name, s in sides.items() if s is not None}
-    figures: dict[str, list[float]] = {name: [] for name in sides}
-    p95s: dict[str, list[float | None]] = {name: [] for name in sides}
-    at_start = {name: 0 for name in sides}
-    if not present:
-        return figures, p95s, at_start
-    start = max(s.rate for s in present.values()) * RATE_STEP
-    floor = min(s.rate for s in present.values()) / RATE_STEP ** 2
-    for _ in range(times):
-        pending, rate = dict(present), start
-        while pending and rate >= floor:
-            runs: dict[str, list[Trial]] = {name: [] for name in pending}
-            verdicts: dict[str, bool] = {}
-            while len(verdicts) < len(pending):
-                for name, s in pending.items():
-                    if name not in verdicts:
-                        runs[name].append(trials.run(s.knobs, trials.open_load(rate), "confirm"))
-                        if (v := held(runs[name], objective)) is not None:
-                            verdicts[name] = v
-            for name in [n for n, ok in verdicts.items() if ok]:
-                p = pooled(runs[name])
-                figures[name].append(p.ok_rps)
-                p95s[name].append(p.p95_ms)
-                at_start[name] += rate == start
-                log(f"   {name}: {pending.pop(name).knobs.label()} holds {rate:.0f} req/s")
-            rate /= JUDGE_STEP
-        for name in pending:
-            figures[name].append(0.0)
-            p95s[name].append(None)
-    return figures, p95s, at_start
 
 
 def format_tuner_bench(f: dict) -> str:
