@@ -174,3 +174,10 @@ def test_demo_finishes_and_batches(tmp_path, probed):
     burst_max_ms = float(re.search(r"max ([0-9.]+) ms", res.stdout).group(1))
     assert burst_max_ms < 300, res.stdout
     assert "P95" in res.stdout and "tritonserver stopped" in res.stdout
+    # the tune's verdict: one "kept" row for a start config that stays, else a before and an after
+    # that differ (never two P95s of one config shown as a change)
+    tune = res.stdout.split("tune for the SLO")[-1].splitlines()
+    rows = {ln.split()[0]: ln.split("P95")[0].split(None, 1)[1].strip() for ln in tune
+            if ln.strip().startswith(("kept ", "before ", "after "))}
+    assert list(rows) in (["kept"], ["before", "after"]), res.stdout
+    assert rows.get("before") != rows.get("after") or "kept" in rows

@@ -889,3 +889,13 @@ def test_the_judge_ladder_scores_each_entrant_where_it_stops_holding():
     second = calls[[i for i, c in enumerate(calls) if c[1] == 600.0][3]:]
     assert second[0][0] == "b"  # round 2 starts with the next entrant
     assert min(r for _, r in calls) >= 150.0  # never below the floor
+
+
+def test_a_winner_that_batches_as_the_start_did_is_kept_not_a_change():
+    from tritonkit.tuner.offline import Score, Tuning
+
+    start = Score(Knobs(16, 2000, 2), 500.0, 500.0, None)
+    protected = Score(Knobs(16, 2000, 2, queue=QueuePolicy(max_queue_size=16)), 520.0, 520.0, None)
+    assert Tuning(Objective(SLO_MS), start, protected, None, 16).kept  # a new queue policy alone moves nothing
+    moved = Score(Knobs(8, 2000, 2), 600.0, 600.0, None)
+    assert not Tuning(Objective(SLO_MS), start, moved, None, 16).kept

@@ -95,8 +95,11 @@ def run_demo(draft: Spec, repo: Path, state_dir: Path, requests: int = 2000, con
         err = "-" if tr is None else f"{100 * tr.error_ratio:.1f}%"
         return f"  {name:<7}{score.knobs.label():<48} P95 {p95:>9}   errors {err}"
 
-    say(row("before", t.baseline))
-    say(row("after", t.best))
+    if t.kept:  # one config: a "before" and an "after" would be two measurements of it, not a change
+        say(row("kept", t.best))
+    else:
+        say(row("before", t.baseline))
+        say(row("after", t.best))
     say(f"report: {result.files['report.md']}" + (f"; decision: {result.files['tuned.yaml']}"
                                                    if "tuned.yaml" in result.files else " (not confirmed: no change)"))
 

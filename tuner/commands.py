@@ -51,7 +51,10 @@ def cmd_tune(a: argparse.Namespace) -> int:
                           max_trials=s.max_trials, max_error_ratio=s.max_errors, max_batch=s.max_batch,
                           input_data=a.input_data, margin=s.margin, probe=Probe(max_s=s.max_trial_s), log=say)
     t = result.tuning
-    say(f"\nbefore: {t.baseline.knobs.label()}  ->  after: {t.best.knobs.label()}")
+    if t.kept:
+        say(f"\nkept: {t.best.knobs.label()} (no other batching held more; see the report)")
+    else:
+        say(f"\nbefore: {t.baseline.knobs.label()}  ->  after: {t.best.knobs.label()}")
     for name in ("report.md", "trials.json", "tuned.yaml"):
         if name in result.files:
             say(f"wrote {result.files[name]}")

@@ -114,6 +114,13 @@ class Tuning:
     # the machine's own speed at the start and the end: {"batch", "start_ms", "end_ms", "change"}
     speed: dict | None = None
 
+    @property
+    def kept(self) -> bool:
+        """The winner batches as the start config did (max batch, delay, instances): the search moved
+        nothing, whatever queue policy it adds."""
+        a, b = self.baseline.knobs, self.best.knobs
+        return (a.max_batch, a.delay_us, a.instances) == (b.max_batch, b.delay_us, b.instances)
+
 
 class Search:
     def __init__(self, trials: Trials, objective: Objective, bound: int, max_trials: int,

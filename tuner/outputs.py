@@ -135,7 +135,7 @@ def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial],
     lines = [f"# Tuning {model}", "",
              f"Objective: {tuning.objective.describe()}.", "",
              "| | config | req/s | P95 ms | errors |", "| --- | --- | --- | --- | --- |",
-             line("before", b), line("after", w), "",
+             *([line("kept", w)] if tuning.kept else [line("before", b), line("after", w)]), "",
              f"Confirmed by a second measurement: {'yes' if tuning.confirmed else 'no'}. "
              f"Search stopped: {tuning.stopped_because}. {len(trials)} trials in {seconds:.0f} s.", ""]
     o = tuning.objective
