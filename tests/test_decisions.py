@@ -405,7 +405,11 @@ def test_bench_tuner_gives_the_tuner_its_share_of_the_grid_trials(tmp_path, monk
     sims = on_world(bench, monkeypatch)
     monkeypatch.setattr(bench, "max_batch_bound", lambda *a, **kw: 16)
     monkeypatch.setattr(bench, "from_spec", lambda m: Knobs(16, 8000, 1))
-    traits = ServerTraits("2.51.0", stalls=True, safe_instances=2)  # the spec has a bounded queue (128)
+    # Trials carry no queue policy, but a spec with priority levels turns the batcher's prefetch off
+    # all the same (as deploy.yaml's two levels do): one instance stalls on this server.
+    levels = Batching(priority_levels=2, default_priority=2, default_queue_policy=QueuePolicy(max_queue_size=128))
+    monkeypatch.setitem(globals(), "MODEL_SPEC", MODEL_SPEC.model_copy(update={"batching": levels}))
+    traits = ServerTraits("2.51.0", stalls=True, safe_instances=2)
     judged = []
     out = bench.run_tuner_bench(SimulatedTrials.spec, "m", tmp_path, tmp_path, tmp_path, confirmations=2,
                                 traits=traits, final_judge=world_judge(judged), log=lambda s: None)

@@ -25,8 +25,10 @@ class Knobs:
     max_batch: int
     delay_us: int
     instances: int = 1
-    # None keeps the spec's default queue policy; the tuner sets one that protects the SLO last
-    # (tuner/protect.py), with the policies of the levels above the default one
+    # The queue policies in force, and only these: None is no policy (an unbounded queue), never the
+    # spec's, so that a trial measures the batching alone and no policy the tuner never checked
+    # stays in force. The tuner sets one that protects the SLO last (tuner/protect.py), with the
+    # policies of the levels above the default one.
     queue: QueuePolicy | None = None
     level_queues: tuple[tuple[int, QueuePolicy], ...] = ()
     # None: the tuner's rule below; the sweep keeps the spec's sizes that fit the max batch
@@ -59,11 +61,8 @@ class Knobs:
         instances = m.instances.model_copy(update={"count": self.instances})
         if not self.batching:
             return m.model_copy(update={"instances": instances})
-        update = {"preferred_batch_sizes": self.preferred, "max_queue_delay_us": self.delay_us}
-        if self.queue is not None:
-            update["default_queue_policy"] = self.queue
-        if self.level_queues:
-            update["priority_queue_policies"] = {**m.batching.priority_queue_policies, **dict(self.level_queues)}
+        update = {"preferred_batch_sizes": self.preferred, "max_queue_delay_us": self.delay_us,
+                  "default_queue_policy": self.queue, "priority_queue_policies": dict(self.level_queues)}
         batching = m.batching.model_copy(update=update)
         return m.model_copy(update={"max_batch_size": self.max_batch, "batching": batching, "instances": instances})
 

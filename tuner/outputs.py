@@ -83,12 +83,11 @@ def write_tuned(spec: Spec, model: str, k: Knobs) -> Path:
     path = spec.path.parent / TUNED_FILE
     data = yaml.safe_load(path.read_text()) if path.exists() else None
     data = data if isinstance(data, dict) and isinstance(data.get("models"), dict) else {"models": {}}
-    batching = {"preferred_batch_sizes": k.preferred, "max_queue_delay_us": k.delay_us}
-    if k.queue is not None:
-        batching["default_queue_policy"] = k.queue.model_dump()
-    if k.level_queues:  # the whole map: the overlay replaces deploy.yaml's, it does not merge into it
-        levels = k.model(spec.model(model)).batching.priority_queue_policies
-        batching["priority_queue_policies"] = {lv: q.model_dump() for lv, q in sorted(levels.items())}
+    # The policies are written whatever they are, none included: the overlay replaces deploy.yaml's,
+    # so no policy the tuner's overload gate never checked stays in force.
+    batching = {"preferred_batch_sizes": k.preferred, "max_queue_delay_us": k.delay_us,
+                "default_queue_policy": None if k.queue is None else k.queue.model_dump(),
+                "priority_queue_policies": {lv: q.model_dump() for lv, q in sorted(k.level_queues)}}
     entry = {"max_batch_size": k.max_batch, "batching": batching, "instances": {"count": k.instances}}
     data["models"][model] = entry if k.batching else {"instances": entry["instances"]}
     header = ("# Written by `tritonkit tune`: these keys override deploy.yaml's for the models named here.\n"
