@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tritonkit.benchmarks.cases import CASES
 from tritonkit.benchmarks.floor import run_floor_bench
 from tritonkit.benchmarks.footprint import run_footprint
 from tritonkit.benchmarks.generators import AGREEMENT_ROUNDS, run_bench
@@ -14,6 +15,7 @@ from tritonkit.benchmarks.peer_bench import MA_WALL_S, run_peer_bench
 from tritonkit.benchmarks.routing import BenchSettings, run_routing_bench
 from tritonkit.benchmarks.serving import run_serving_bench
 from tritonkit.benchmarks.tuner_bench import run_tuner_bench
+from tritonkit.benchmarks.versus import run_versus
 from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, say, spec_arg
 from tritonkit.configs.loader import load_spec, resolve
 from tritonkit.errors import InputError, Problem, raise_flag_problems
@@ -31,13 +33,15 @@ def cmd_bench(a: argparse.Namespace) -> int:
         run_bench(a.out, seconds=a.seconds, users=a.users, rate=a.rate, rounds=rounds, log=say)
         say(f"wrote {a.out / 'bench.json'}")
     elif a.what == "tuner":
-        s = TuneSettings(p95_ms=a.p95_ms, max_trials=a.max_trials, margin=a.margin, max_trial_s=a.max_trial_s)
+        s = TuneSettings(p95_ms=a.p95_ms, max_trials=a.max_trials, margin=a.margin, max_trial_s=a.max_trial_s,
+                         engine=a.engine)
         raise_flag_problems([("--confirmations", a.confirmations >= 1, "confirm each winner at least once, e.g. 3")])
         spec = load_spec(a.spec, a.repo)
         model = a.model or spec.models[0].name
         traits = known(a.state_dir, say)  # both sides obey the probe, as `tritonkit tune` does
         run_tuner_bench(spec, model, a.repo, a.state_dir, a.out, p95_ms=s.p95_ms, max_trials=s.max_trials,
-                        margin=s.margin, probe=Probe(max_s=s.max_trial_s), confirmations=a.confirmations,
+                        margin=s.margin, probe=Probe(max_s=s.max_trial_s, engine=s.engine),
+                        confirmations=a.confirmations,
                         traits=traits, log=say)
         say(f"wrote {a.out / 'bench_tuner.json'}")
     elif a.what == "peer":
@@ -49,6 +53,16 @@ def cmd_bench(a: argparse.Namespace) -> int:
         run_peer_bench(spec, a.model or spec.models[0].name, a.out / "peer", p95_ms=a.p95_ms, wall_s=a.ma_wall_s,
                        rounds=rounds, seconds=a.seconds, log=say)
         say(f"wrote {a.out / 'peer' / 'bench_peer.json'}")
+    elif a.what == "versus":
+        rounds = 3 if a.rounds is None else a.rounds
+        s = TuneSettings(max_trials=a.max_trials, engine=a.engine)
+        raise_flag_problems([("--rounds", rounds >= 1, "judge at least once, e.g. 3"),
+                             ("--ma-wall-s", a.ma_wall_s > 0, "give Model Analyzer some time, e.g. 900")])
+        require_model_analyzer()
+        for case in a.case or list(CASES):
+            run_versus(case, a.out / "versus", ma_wall_s=a.ma_wall_s, rounds=rounds, seconds=a.seconds,
+                       engine=s.engine, max_trials=s.max_trials, log=say)
+        say(f"wrote {a.out / 'versus'}/<case>/bench_versus.json")
     elif a.what == "floor":
         s = TuneSettings(p95_ms=a.p95_ms)
         rounds = 12 if a.rounds is None else a.rounds
@@ -92,11 +106,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
 def register(sub) -> None:
     sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
     sp.add_argument("what", choices=["generators", "tuner", "floor", "overload", "serving", "footprint", "routing",
-                                     "peer"],
+                                     "peer", "versus"],
                     help="generators: Locust HTTP vs asyncio gRPC capacity and distortion, and one load through all "
                          "three engines; "
                          "peer: Model Analyzer's quick search (the [peer] extra), then perf_analyzer judging its "
                          "winner against the spec's config side by side; "
+                         "versus: the tuner against Model Analyzer from a naive start on built-in cases "
+                         "(--case), both winners judged by perf_analyzer; "
                          "tuner: the tuner against an exhaustive grid over the same knobs; "
                          "floor: one config's figure measured again and again (how closely two figures "
                          "measured on this box can agree); "
@@ -116,6 +132,8 @@ def register(sub) -> None:
     sp.add_argument("--rounds", type=int, default=None,
                     help="floor: how many times the config's figure is measured (default 12); generators: rounds of "
                          "the three engines' agreement runs (default 3)")
+    sp.add_argument("--case", action="append", choices=list(CASES),
+                    help="versus: a case to run (repeatable; default: all of them)")
     sp.add_argument("--ma-wall-s", type=float, default=MA_WALL_S,
                     help="peer: stop Model Analyzer after this many seconds (default: %(default)g)")
     sp.add_argument("--out", type=Path, default=Path("out/bench"))

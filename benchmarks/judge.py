@@ -20,9 +20,10 @@ on its first; the judge reports how many runs each entrant needed that for.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,28 +66,27 @@ def judged_name(model: str, entrant: str) -> str:
     return f"{model}__{entrant}"
 
 
-def judge(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, p95_ms: float, max_errors: float = 0.01,
-          rounds: int = 3, seconds: float = 5.0, floor_rps: float | None = None,
-          log: Callable[[str], None] = print) -> dict:
-    """Each entrant's sustained rate under the SLO, `rounds` times, by the rule above; an entrant
-    that holds nothing down to `floor_rps` (default: FLOOR_BELOW under the lowest start) scores 0."""
+@contextlib.contextmanager
+def served_side_by_side(spec: Spec, model: str, entrants: list[Entrant], work: Path,
+                        log: Callable[[str], None]) -> Iterator[str]:
+    """Every entrant's config as its own copy of the model, all in one server: its gRPC URL."""
     variants = [e.model.model_copy(update={"name": judged_name(model, e.name)}) for e in entrants]
     server = ServerSpec(http_port=0, grpc_port=0, metrics_port=0)
     judged = Spec(spec.data.model_copy(update={"models": variants, "server": server}), spec.path, spec.shown)
     repo = Path(work) / "repo"
     generate(judged, repo)
-    runs: list[Run] = []
     with running(judged, repo, Path(work) / "state", log=log) as r:
-        url = r.endpoints.grpc
+        yield r.endpoints.grpc
 
-        def measure(e: Entrant, rate: float) -> Run:
-            run = measure_once(url, judged_name(model, e.name), e.name, rate, seconds, p95_ms, max_errors)
-            runs.append(run)
-            log(f"   {e.name:<16} {rate:7.0f} req/s: P95 {run.p95_ms or math.nan:7.2f} ms, errors "
-                f"{run.error_ratio:6.2%} -> {'holds' if run.held else 'misses'}"
-                + (f" [{run.engine}]" if run.engine != "perf_analyzer" else ""))
-            return run
 
+def judge(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, p95_ms: float, max_errors: float = 0.01,
+          rounds: int = 3, seconds: float = 5.0, floor_rps: float | None = None,
+          log: Callable[[str], None] = print) -> dict:
+    """Each entrant's sustained rate under the SLO, `rounds` times, by the rule above; an entrant
+    that holds nothing down to `floor_rps` (default: FLOOR_BELOW under the lowest start) scores 0."""
+    runs: list[Run] = []
+    with served_side_by_side(spec, model, entrants, work, log) as url:
+        measure = _measurer(url, model, runs, seconds, p95_ms, max_errors, log)
         # where each entrant's ladder would start: a rung above its claim, or its capacity
         claims = {e.name: e.claim_rps * START_ABOVE if e.claim_rps else
                   calibrate(url, judged_name(model, e.name), e.model, log) for e in entrants}
@@ -94,12 +94,49 @@ def judge(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, p95_ms
         floor = floor_rps or min(claims.values()) / FLOOR_BELOW
         log(f"== the judge: {rounds} rounds from {start:.0f} req/s down in {JUDGE_STEP - 1:.0%} steps, "
             f"P95 <= {p95_ms:g} ms, errors <= {max_errors:.0%}, {seconds:g} s a run")
-        by_name = {e.name: e for e in entrants}
-        figures, p95_at = ladder(list(by_name), start, floor, rounds, lambda n, rate: measure(by_name[n], rate), log)
+        figures, p95_at = ladder([e.name for e in entrants], start, floor, rounds, measure, log)
     return {"p95_ms": p95_ms, "max_errors": max_errors, "rounds": rounds, "seconds": seconds,
             "step": JUDGE_STEP, "start_rps": round(start, 1), "claims": {k: round(v, 1) for k, v in claims.items()},
             "entrants": {e.name: _summary(e, figures[e.name], p95_at[e.name], runs, start) for e in entrants},
             "runs": [vars(x) for x in runs]}
+
+
+def judge_at_rate(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, rps: float, p95_ms: float,
+                  max_errors: float = 0.01, rounds: int = 3, seconds: float = 5.0,
+                  log: Callable[[str], None] = print) -> dict:
+    """For a latency objective: each entrant's P95 at the fixed rate `rps`, one run per round, the
+    entrants interleaved; a run with more errors than the budget has no P95 (None)."""
+    runs: list[Run] = []
+    p95s: dict[str, list[float | None]] = {e.name: [] for e in entrants}
+    with served_side_by_side(spec, model, entrants, work, log) as url:
+        measure = _measurer(url, model, runs, seconds, p95_ms, max_errors, log)
+        log(f"== the judge: {rounds} rounds at {rps:g} req/s, {seconds:g} s a run")
+        for i in range(rounds):
+            for e in entrants[i % len(entrants):] + entrants[:i % len(entrants)]:
+                run = measure(e.name, rps)
+                p95s[e.name].append(run.p95_ms if run.error_ratio <= max_errors else None)
+    summary = {}
+    for e in entrants:
+        got = [x for x in p95s[e.name] if x is not None]
+        median = statistics.median(got) if len(got) == len(p95s[e.name]) else None
+        summary[e.name] = {"p95_ms": median, "rounds_p95_ms": p95s[e.name],
+                           "spread": round((max(got) - min(got)) / median, 3) if median and len(got) > 1 else None,
+                           "runs": rounds, "fallback_runs": sum(1 for x in runs if x.entrant == e.name
+                                                                and x.engine == FALLBACK)}
+    return {"rps": rps, "p95_ms": p95_ms, "max_errors": max_errors, "rounds": rounds, "seconds": seconds,
+            "entrants": summary, "runs": [vars(x) for x in runs]}
+
+
+def _measurer(url: str, model: str, runs: list[Run], seconds: float, p95_ms: float, max_errors: float,
+              log: Callable[[str], None]) -> Callable[[str, float], Run]:
+    def measure(name: str, rate: float) -> Run:
+        run = measure_once(url, judged_name(model, name), name, rate, seconds, p95_ms, max_errors)
+        runs.append(run)
+        log(f"   {name:<16} {rate:7.0f} req/s: P95 {run.p95_ms or math.nan:7.2f} ms, errors "
+            f"{run.error_ratio:6.2%} -> {'holds' if run.held else 'misses'}"
+            + (f" [{run.engine}]" if run.engine != "perf_analyzer" else ""))
+        return run
+    return measure
 
 
 def ladder(names: list[str], start: float, floor: float, rounds: int, measure: Callable[[str, float], Run],
@@ -171,6 +208,14 @@ def _summary(e: Entrant, figures: list[float], p95s: list[float | None], runs: l
 
 
 def format_judged(j: dict) -> str:
+    if "rps" in j:  # a latency objective: P95 at one rate
+        lines = [f"the judge: perf_analyzer, Poisson {j['rps']:g} req/s, {j['rounds']} rounds of {j['seconds']:g} s",
+                 f"{'entrant':<18}{'P95 ms':>8}{'spread':>8}   rounds (P95 ms)"]
+        for name, s in j["entrants"].items():
+            rounds = ", ".join("-" if x is None else f"{x:.2f}" for x in s["rounds_p95_ms"])
+            spread = "-" if s["spread"] is None else f"{s['spread']:.0%}"
+            lines.append(f"{name:<18}{s['p95_ms'] or math.nan:>8.2f}{spread:>8}   {rounds}")
+        return "\n".join(lines)
     lines = [f"the judge: perf_analyzer, Poisson, {j['rounds']} rounds of {j['seconds']:g} s runs, P95 <= "
              f"{j['p95_ms']:g} ms and errors <= {j['max_errors']:.0%}",
              f"{'entrant':<18}{'req/s':>8}{'spread':>8}   rounds (req/s)          runs  by asyncio"]

@@ -73,10 +73,11 @@ def peer_start(m: ModelSpec) -> tuple[ModelSpec, list[str]]:
 
 
 def run_model_analyzer(spec: Spec, model: str, work: Path, *, p95_ms: float, max_instances: int, max_batch: int,
-                       wall_s: float, window_ms: int | None = None, log: Callable[[str], None] = print) -> dict:
-    """MA's quick search; its configs, its winner (the highest throughput within the P95) and its
-    wall time, counted to its last new measurement. `window_ms`: perf_analyzer's measurement window
-    (default: its own)."""
+                       wall_s: float, rps: float | None = None, window_ms: int | None = None,
+                       log: Callable[[str], None] = print) -> dict:
+    """MA's quick search; its configs, its winner (the highest throughput within the P95, or with
+    `rps` the lowest P95 that serves that rate) and its wall time, counted to its last new
+    measurement. `window_ms`: perf_analyzer's measurement window (default: its own)."""
     ma = require_model_analyzer()
     work = Path(work).resolve()
     start, left_out = peer_start(spec.model(model))
@@ -110,7 +111,7 @@ def run_model_analyzer(spec: Spec, model: str, work: Path, *, p95_ms: float, max
             "export_path": str(work / "export"), "checkpoint_directory": str(checkpoints),
             "output_model_repository_path": str(work / "variants"), "override_output_model_repository": True,
             "profile_models": {model: {
-                "cpu_only": True, "constraints": {"perf_latency_p95": {"max": p95_ms}},
+                "cpu_only": True, **objectives(p95_ms, rps),
                 "perf_analyzer_flags": {"measurement-mode": "time_windows", "input-data": str(data),
                                         **({"measurement-interval": window_ms} if window_ms else {})}}},
         }))
@@ -118,7 +119,7 @@ def run_model_analyzer(spec: Spec, model: str, work: Path, *, p95_ms: float, max
             f"{max_batch}, P95 <= {p95_ms:g} ms, at most {wall_s:.0f} s (log: {work / 'model_analyzer.log'})")
         wall, last_new, stopped = _supervise(ma, config, pa, work / "model_analyzer.log", wall_s, log)
     measured = read_checkpoint(checkpoints / "0.ckpt", model)
-    winner = best(measured, p95_ms)
+    winner = best(measured, p95_ms, rps)
     result = {"wall_s": round(wall, 1), "search_s": round(last_new, 1), "stopped": stopped,
               "start_left_out": left_out, "configs": measured, "winner": winner}
     write_bytes_atomic(work / "model_analyzer.json", json.dumps(result, indent=2).encode())
@@ -192,9 +193,22 @@ def read_checkpoint(path: Path, model: str) -> list[dict]:
     return out
 
 
-def best(measured: list[dict], p95_ms: float) -> dict | None:
-    """MA's pick: the highest throughput whose P95 meets the constraint."""
+def objectives(p95_ms: float, rps: float | None) -> dict:
+    """MA's objective and constraints for the kit's: the most throughput within the P95, or the
+    lowest P95 among the configs that serve `rps`."""
+    if rps is None:
+        return {"constraints": {"perf_latency_p95": {"max": p95_ms}}}
+    return {"objectives": {"perf_latency_p95": 10},
+            "constraints": {"perf_latency_p95": {"max": p95_ms}, "perf_throughput": {"min": rps}}}
+
+
+def best(measured: list[dict], p95_ms: float, rps: float | None = None) -> dict | None:
+    """MA's pick: the highest throughput whose P95 meets the constraint; with `rps`, the lowest P95
+    among those that serve at least that rate."""
     ok = [m for m in measured if m["p95_ms"] is not None and m["p95_ms"] <= p95_ms and m["throughput_rps"]]
+    if rps is not None:
+        ok = [m for m in ok if m["throughput_rps"] >= rps]
+        return min(ok, key=lambda m: m["p95_ms"]) if ok else None
     return max(ok, key=lambda m: m["throughput_rps"]) if ok else None
 
 

@@ -89,3 +89,35 @@ def test_the_judge_scores_configs_side_by_side_and_counts_refusals(workdir):
     assert refusing["fallback_runs"] >= 1 and any(r["error_ratio"] > 0 for r in runs), runs
     assert j["start_rps"] == pytest.approx(150 * 1.15)
     assert all(r["rate"] >= 100 for r in j["runs"])  # the ladder stopped at its floor
+
+
+@pytest.mark.parametrize("case", ["mlp", "detector", "tiny", "latency"])
+def test_every_versus_case_is_a_valid_naive_start_that_runs(tmp_path, case):
+    """Each case's spec passes the kit's rules, starts where a new user does (one instance, no
+    queue delay), and its model runs in ONNX Runtime at the shape requests will carry."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from tritonkit.benchmarks.cases import write_case
+
+    spec = load_spec(write_case(case, tmp_path), tmp_path / "repo")
+    m = spec.models[0]
+    assert m.instances.count == 1 and m.batching.max_queue_delay_us == 0 and m.max_batch_size > 1
+    assert (m.slo.rps is not None) == (case == "latency")
+    session = ort.InferenceSession(str(spec.onnx_path(m)), providers=["CPUExecutionProvider"])
+    x = session.get_inputs()[0]
+    shape = [2, *(m.inputs[0].opt if m.inputs else [int(d) for d in x.shape[1:]])]
+    assert np.isfinite(session.run(None, {x.name: np.ones(shape, np.float32)})[0]).all()
+
+
+def test_ma_is_asked_for_the_kits_objective_and_picks_by_it():
+    from tritonkit.benchmarks.model_analyzer import objectives
+
+    assert objectives(25, None) == {"constraints": {"perf_latency_p95": {"max": 25}}}
+    latency = objectives(25, 400)
+    assert latency["constraints"]["perf_throughput"] == {"min": 400} and "perf_latency_p95" in latency["objectives"]
+    measured = [{"variant": "a", "throughput_rps": 900.0, "p95_ms": 20.0},
+                {"variant": "b", "throughput_rps": 450.0, "p95_ms": 6.0},
+                {"variant": "c", "throughput_rps": 300.0, "p95_ms": 3.0}]
+    assert best(measured, 25)["variant"] == "a"
+    assert best(measured, 25, rps=400)["variant"] == "b"  # the lowest P95 that serves the rate

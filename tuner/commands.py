@@ -33,7 +33,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 def cmd_tune(a: argparse.Namespace) -> int:
     s = TuneSettings(p95_ms=a.p95_ms, rps=a.rps, max_trials=a.max_trials, max_errors=a.max_errors,
                      max_batch=a.max_batch, interval_s=a.interval, cooldown_s=a.cooldown, duration_s=a.duration,
-                     margin=a.margin, max_trial_s=a.max_trial_s)
+                     margin=a.margin, max_trial_s=a.max_trial_s, engine=a.engine)
     if a.online:
         # The sidecar reads the spec for the SLO and the key only: no ONNX file where it runs, so no graph rules.
         spec = parse_spec(a.spec)
@@ -49,7 +49,8 @@ def cmd_tune(a: argparse.Namespace) -> int:
     spec = load_spec(a.spec, repo)  # a model `tritonkit build` prepared is tuned as built
     result = tune_offline(spec, a.model, repo, a.state_dir, a.out, p95_ms=s.p95_ms, rps=s.rps,
                           max_trials=s.max_trials, max_error_ratio=s.max_errors, max_batch=s.max_batch,
-                          input_data=a.input_data, margin=s.margin, probe=Probe(max_s=s.max_trial_s), log=say)
+                          input_data=a.input_data, margin=s.margin, probe=Probe(max_s=s.max_trial_s, engine=s.engine),
+                          log=say)
     t = result.tuning
     if t.kept:
         say(f"\nkept: {t.best.knobs.label()} (no other batching held more; see the report)")
@@ -111,3 +112,6 @@ def noise_args(sp) -> None:
     sp.add_argument("--max-trial-s", type=float, default=TuneSettings.max_trial_s,
                     help="offline: the longest steady window of one trial (each holds about 3000 requests "
                          "at its rate, within this)")
+    sp.add_argument("--engine", default=TuneSettings.engine,
+                    help="offline: the client that measures each trial: asyncio (default) or perf_analyzer (C++, "
+                         "the least CPU beside the server)")

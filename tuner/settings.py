@@ -13,6 +13,9 @@ from tritonkit.spec import Spec
 DEFAULT_MARGIN = 0.1
 
 
+ENGINES = ("asyncio", "perf_analyzer")
+
+
 def slo_for(spec: Spec, model: str, p95_ms: float | None) -> float:
     """The P95 SLO every tuner aims at: --p95-ms, else the model's slo.p95_ms."""
     m = spec.model(model)
@@ -32,6 +35,7 @@ class TuneSettings:
     max_batch: int | None = None  # offline: the largest max batch to try
     margin: float = DEFAULT_MARGIN  # offline: share of the SLO held back
     max_trial_s: float = 8.0  # offline: the longest steady window of one trial
+    engine: str = "asyncio"  # offline: the client that measures each trial (asyncio or perf_analyzer)
     interval_s: float = 5.0  # online: seconds per observation window
     cooldown_s: float = 15.0  # online: seconds between two changes
     duration_s: float | None = None  # online: None runs until Ctrl-C
@@ -45,6 +49,7 @@ class TuneSettings:
             ("--max-batch", self.max_batch is None or self.max_batch >= 1, "give a max batch of at least 1"),
             ("--margin", 0 <= self.margin <= 0.5, "give the share of the SLO to hold back, within 0..0.5, e.g. 0.1"),
             ("--max-trial-s", self.max_trial_s >= 1, "give the longest trial window in seconds, at least 1, e.g. 8"),
+            ("--engine", self.engine in ENGINES, f"measure trials with one of {', '.join(ENGINES)}"),
             ("--interval", self.interval_s > 0, "give a window above 0 s, e.g. 5"),
             ("--cooldown", self.cooldown_s >= 0, "give a cool-down of 0 s or more"),
             ("--duration", self.duration_s is None or self.duration_s > 0,

@@ -20,6 +20,7 @@ from pathlib import Path
 from tritonkit.errors import InputError, KitError
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, Outcome, RequestClass
+from tritonkit.loadtests.pa_run import PerfAnalyzerStopped, run_pa
 from tritonkit.loadtests.results import build_result
 from tritonkit.loadtests.stalls import without_stalls
 from tritonkit.serving import Running, running
@@ -41,6 +42,10 @@ class Probe:
     drain_s: float = 2.0
     requests: int = 3000
     max_s: float = TuneSettings.max_trial_s
+    # the client that sends a trial's load: asyncio (Python, in this process) or perf_analyzer (C++,
+    # the least of the cores a server shares with its client); a load of several priority classes, or
+    # one perf_analyzer gives up on at a refused request, goes through asyncio
+    engine: str = TuneSettings.engine
 
     def window_s(self, rate: float) -> float:
         return round(min(self.max_s, max(self.duration_s, self.requests / rate)), 2)
@@ -152,8 +157,7 @@ class Trials:
             try:
                 # run_load reads Triton's statistics at the window's edges: the cost model's input too
                 classes = classes or [RequestClass()]
-                out = asyncio.run(run_load(self.server.r.endpoints.grpc, self.model, load, classes,
-                                           input_data=self.input_data))
+                out = self._send(load, classes)
                 self._fill(trial, build_result(self.model, load, classes, out), out)
                 trial.batch_stats = (out.stats_before or {}, out.stats_after or {})
                 self.good = k
@@ -172,6 +176,13 @@ class Trials:
                  f"{trial.ok_rps:7.0f} req/s  P95 {p95:>6} ms  err {100 * trial.error_ratio:4.1f}%  "
                  f"{'pass' if trial.passed else 'fail'}{'  (' + trial.note + ')' if trial.note else ''}")
         return trial
+
+    def _send(self, load: Load, classes: list[RequestClass]) -> Outcome:
+        url = self.server.r.endpoints.grpc
+        if self.probe_cfg.engine == "perf_analyzer" and classes == [RequestClass()]:
+            with contextlib.suppress(PerfAnalyzerStopped):
+                return run_pa(url, self.model, load, classes, input_data=self.input_data, log=self.log)
+        return asyncio.run(run_load(url, self.model, load, classes, input_data=self.input_data))
 
     def _fill(self, t: Trial, result: dict, out: Outcome) -> None:
         o = result["overall"]

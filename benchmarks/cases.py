@@ -1,0 +1,74 @@
+"""The cases `tritonkit bench versus` measures the tuner and Model Analyzer on: models built with
+the onnx helper (no downloads), each served from the config a new user writes first (one instance,
+`max_batch_size` with no queue delay), where tuning has something to find.
+
+- mlp: the sample model, memory-bandwidth bound: batching pays.
+- detector: convolutions at the `opt` shape, H and W dynamic on a stride of 32: compute bound, so
+  batching pays little on a CPU and instances may matter more.
+- tiny: a small MLP whose fixed cost per request dominates its compute.
+- latency: the sample model at a fixed rate (`slo.rps`): the lowest P95 there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from tritonkit import sample_model
+from tritonkit.errors import InputError, flag_problem
+from tritonkit.files import write_bytes_atomic
+
+CASES = ("mlp", "detector", "tiny", "latency")
+
+
+def detector(path: Path, channels: int = 32, seed: int = 3) -> Path:
+    """images [B, 3, H, W] -> heat [B, 4, H/4, W/4]: two strided 3x3 convolutions and a 1x1 head."""
+    rng = np.random.default_rng(seed)
+
+    def w(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
+        fan_in = int(np.prod(shape[1:]))
+        return numpy_helper.from_array((rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["images", "c1"], ["a1"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "c2"], ["a2"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a2"], ["r2"]),
+             helper.make_node("Conv", ["r2", "head"], ["heat"])]
+    graph = helper.make_graph(
+        nodes, "detector",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, "H", "W"])],
+        [helper.make_tensor_value_info("heat", TensorProto.FLOAT, ["batch", 4, "h", "w"])],
+        initializer=[w("c1", (channels, 3, 3, 3)), w("c2", (channels, channels, 3, 3)), w("head", (4, channels, 1, 1))])
+    model = helper.make_model(graph, producer_name="triton-edge-kit", opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    write_bytes_atomic(path, model.SerializeToString())
+    return path
+
+
+def write_case(name: str, folder: Path) -> Path:
+    """The case's ONNX file and deploy.yaml in `folder`; returns the spec's path."""
+    if name not in CASES:
+        raise InputError([flag_problem("--case", f"use one of {', '.join(CASES)}")])
+    folder.mkdir(parents=True, exist_ok=True)
+    naive = {"max_queue_delay_us": 0}
+    if name in ("mlp", "latency"):
+        sample_model.write(folder / "mlp.onnx")
+        model = {"name": name, "onnx": "mlp.onnx", "max_batch_size": 16, "batching": naive,
+                 "slo": {"p95_ms": 25} if name == "mlp" else {"p95_ms": 25, "rps": 400}}
+    elif name == "tiny":
+        sample_model.write(folder / "tiny.onnx", width=64, layers=2)
+        model = {"name": name, "onnx": "tiny.onnx", "max_batch_size": 16, "batching": naive, "slo": {"p95_ms": 10}}
+    else:
+        detector(folder / "detector.onnx")
+        model = {"name": name, "onnx": "detector.onnx", "max_batch_size": 8, "batching": naive,
+                 "inputs": [{"name": "images", "dtype": "FP32", "dims": [3, -1, -1], "min": [3, 64, 64],
+                             "opt": [3, 256, 256], "max": [3, 512, 512], "stride": 32}],
+                 "slo": {"p95_ms": 100}}
+    spec = folder / "deploy.yaml"
+    spec.write_text(yaml.safe_dump({"models": [model]}, sort_keys=False))
+    return spec
