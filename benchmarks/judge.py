@@ -4,8 +4,9 @@ rates, interleaved, round after round.
 
 Each config is loaded as its own copy of the model (`<model>__<entrant>`), so no reload stands
 between two measurements and a slow minute of the machine hits every entrant alike. A round walks
-a ladder down in JUDGE_STEP steps from the highest start: one 15% rung above an entrant's claim,
-or its capacity (perf_analyzer's closed loop) where it has none; at each rate every
+a ladder down in JUDGE_STEP steps from one 15% rung above the highest claim (an entrant without
+one is given the first rate it holds in 15% steps down from its capacity, perf_analyzer's closed
+loop); at each rate every
 entrant still pending gets one run, in an order that rotates from round to round; an entrant's
 figure for the round is the first rate where that run's P95 is within the SLO and at most
 `max_errors` of its requests failed. The figure is the median of the rounds, with their spread.
@@ -87,10 +88,10 @@ def judge(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, p95_ms
     runs: list[Run] = []
     with served_side_by_side(spec, model, entrants, work, log) as url:
         measure = _measurer(url, model, runs, seconds, p95_ms, max_errors, log)
-        # where each entrant's ladder would start: a rung above its claim, or its capacity
-        claims = {e.name: e.claim_rps * START_ABOVE if e.claim_rps else
-                  calibrate(url, judged_name(model, e.name), e.model, log) for e in entrants}
-        start = max(claims.values())
+        # each entrant's claim: what its search said, or found here in coarse steps down from its capacity
+        claims = {e.name: e.claim_rps or bracket(e.name, calibrate(url, judged_name(model, e.name), e.model, log),
+                                                 measure) for e in entrants}
+        start = max(claims.values()) * START_ABOVE
         floor = floor_rps or min(claims.values()) / FLOOR_BELOW
         log(f"== the judge: {rounds} rounds from {start:.0f} req/s down in {JUDGE_STEP - 1:.0%} steps, "
             f"P95 <= {p95_ms:g} ms, errors <= {max_errors:.0%}, {seconds:g} s a run")
@@ -188,11 +189,26 @@ def verdict(out: Outcome, load: Load, entrant: str, engine: str, p95_ms: float, 
                None if p95 is None else round(p95, 3), round(errors, 4), held, health["warning"] or "")
 
 
+def bracket(name: str, capacity: float, measure: Callable[[str, float], Run]) -> float:
+    """A claim for an entrant without one: the first rate that holds, down from its capacity in
+    START_ABOVE steps (a closed loop's capacity is far above what an open loop holds within an SLO)."""
+    rate = capacity
+    while rate > capacity / FLOOR_BELOW:
+        if measure(name, rate).held:
+            return rate
+        rate /= START_ABOVE
+    return rate
+
+
 def calibrate(url: str, name: str, m: ModelSpec, log: Callable[[str], None]) -> float:
     """Where the ladder starts for an entrant without a claim: what perf_analyzer's closed loop gets
     through with two full batches in flight per instance, which no open-loop rate under an SLO beats."""
     clients = 2 * max(1, m.max_batch_size) * m.instances.count
-    out = run_pa(url, name, Load(concurrency=clients, duration_s=CALIBRATION_S, warmup_s=1.0), log=lambda s: None)
+    load = Load(concurrency=clients, duration_s=CALIBRATION_S, warmup_s=1.0)
+    try:
+        out = run_pa(url, name, load, log=lambda s: None)
+    except PerfAnalyzerStopped:  # its queue policy refused some: count what it served
+        out = asyncio.run(run_load(url, name, load))
     rate = sum(1 for s in out.samples if s.latency_s is not None) / CALIBRATION_S
     log(f"   {name}: {rate:.0f} req/s with {clients} in flight (its capacity)")
     return rate

@@ -11,8 +11,12 @@ Python generator. The kit drives it so that its numbers mean what the other engi
   stability check is switched off: the kit, not PA, decides what a run means);
 - latencies are exact: every request's send and response times come from PA's profile export,
   and only requests sent inside the steady window count. PA 2.51 writes every request's input and
-  output values into that export (hundreds of MB at a few thousand requests), so it is read
-  through a pipe, keeping the two timestamps and never touching the disk.
+  output values into that export (66 KB a request for the sample model: gigabytes, and as much of
+  PA's memory, at a few thousand requests a second), so it is read through a pipe, keeping the two
+  timestamps and never touching the disk;
+- against a server on this machine, tensors go through system shared memory, as Triton users run
+  PA on one host: it takes less of the cores the server shares, and the export then records no
+  tensor values (a few hundred bytes a request). A server elsewhere gets them over gRPC.
 PA gives up on a measurement at the first failed request (a full queue, a queue timeout): the run
 then raises `PerfAnalyzerStopped` with Triton's own count of what it served and refused.
 """
@@ -90,6 +94,9 @@ def run_pa(url: str, model: str, load: Load, classes: list[RequestClass] | None 
         samples = [sampler(1) for _ in range(count)]
         with tempfile.TemporaryDirectory(prefix="tritonkit-pa-") as tmp:
             args = _arguments(model, url, load, cls, samples, sampler.batched, Path(tmp), seed)
+            if _local(url) and not any(m.datatype == "BYTES" for m in (*meta.inputs, *meta.outputs)):
+                args += ["--shared-memory", "system", "--output-shared-memory-size",
+                         str(_output_bytes(client, model, samples, cls.batch, sampler.batched))]
             return _measure(pa, args, client, model, load, cls, Path(tmp) / "export.fifo")
 
 
@@ -113,6 +120,22 @@ def _arguments(model: str, url: str, load: Load, cls: RequestClass, samples: lis
     intervals = tmp / "intervals.txt"  # the asyncio engine's schedule, in microseconds
     intervals.write_text("\n".join(str(max(1, round(g * 1e6))) for g in schedule_gaps(load, seed)) + "\n")
     return args + ["--request-intervals", str(intervals)]
+
+
+def _local(url: str) -> bool:
+    host = url.rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _output_bytes(client: Client, model: str, samples: list[dict[str, np.ndarray]], batch: int,
+                  batched: bool) -> int:
+    """A shared-memory region per output big enough for any response: the largest each sample's
+    own answer takes, times the batch, twice over (an output whose size depends on the data)."""
+    largest = 0
+    for sample in {tuple((k, v.shape) for k, v in s.items()): s for s in samples}.values():
+        answer = client.infer(model, sample)
+        largest = max(largest, *(a.nbytes for a in answer.values()))
+    return max(1 << 16, 2 * largest * (batch if batched else 1))
 
 
 def schedule_gaps(load: Load, seed: int = 0) -> list[float]:
