@@ -1,14 +1,13 @@
 """The neutral judge: two or more configs of one model, served side by side by one server and
-measured by perf_analyzer (NVIDIA's C++ client, the tool Triton users trust) at the same Poisson
-rates, interleaved, round after round.
+measured by perf_analyzer (NVIDIA's C++ client, the tool Triton users trust) with Poisson arrivals,
+interleaved, round after round.
 
 Each config is loaded as its own copy of the model (`<model>__<entrant>`), so no reload stands
-between two measurements and a slow minute of the machine hits every entrant alike. A round walks
-a ladder down in JUDGE_STEP steps from one 15% rung above the highest claim (an entrant without
-one is given the first rate it holds in 15% steps down from its capacity, perf_analyzer's closed
-loop); at each rate every
-entrant still pending gets one run, in an order that rotates from round to round; an entrant's
-figure for the round is the first rate where that run's P95 is within the SLO and at most
+between two measurements. In a round each entrant walks a ladder down in JUDGE_STEP steps from one
+15% rung above its claim (an entrant without one is given the first rate it holds in 15% steps
+down from its capacity, perf_analyzer's closed loop); the entrants take one run each in turn, in
+an order that rotates from round to round, so a slow minute of the machine hits all alike. An
+entrant's figure for the round is the first rate where its run's P95 is within the SLO and at most
 `max_errors` of its requests failed. The figure is the median of the rounds, with their spread.
 
 perf_analyzer gives up on a measurement at its first failed request, and Triton 2.51 counts queue
@@ -91,14 +90,15 @@ def judge(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, p95_ms
         # each entrant's claim: what its search said, or found here in coarse steps down from its capacity
         claims = {e.name: e.claim_rps or bracket(e.name, calibrate(url, judged_name(model, e.name), e.model, log),
                                                  measure) for e in entrants}
-        start = max(claims.values()) * START_ABOVE
-        floor = floor_rps or min(claims.values()) / FLOOR_BELOW
-        log(f"== the judge: {rounds} rounds from {start:.0f} req/s down in {JUDGE_STEP - 1:.0%} steps, "
-            f"P95 <= {p95_ms:g} ms, errors <= {max_errors:.0%}, {seconds:g} s a run")
-        figures, p95_at = ladder([e.name for e in entrants], start, floor, rounds, measure, log)
+        starts = {name: claim * START_ABOVE for name, claim in claims.items()}
+        floors = {name: floor_rps or claim / FLOOR_BELOW for name, claim in claims.items()}
+        log(f"== the judge: {rounds} rounds, each entrant from a rung above its claim down in {JUDGE_STEP - 1:.0%} "
+            f"steps, P95 <= {p95_ms:g} ms, errors <= {max_errors:.0%}, {seconds:g} s a run")
+        figures, p95_at = ladder(starts, floors, rounds, measure, log)
     return {"p95_ms": p95_ms, "max_errors": max_errors, "rounds": rounds, "seconds": seconds,
-            "step": JUDGE_STEP, "start_rps": round(start, 1), "claims": {k: round(v, 1) for k, v in claims.items()},
-            "entrants": {e.name: _summary(e, figures[e.name], p95_at[e.name], runs, start) for e in entrants},
+            "step": JUDGE_STEP, "claims": {k: round(v, 1) for k, v in claims.items()},
+            "entrants": {e.name: _summary(e, figures[e.name], p95_at[e.name], runs, starts[e.name])
+                         for e in entrants},
             "runs": [vars(x) for x in runs]}
 
 
@@ -140,27 +140,32 @@ def _measurer(url: str, model: str, runs: list[Run], seconds: float, p95_ms: flo
     return measure
 
 
-def ladder(names: list[str], start: float, floor: float, rounds: int, measure: Callable[[str, float], Run],
+def ladder(starts: dict[str, float], floors: dict[str, float], rounds: int, measure: Callable[[str, float], Run],
            log: Callable[[str], None] = print) -> tuple[dict[str, list[float]], dict[str, list[float | None]]]:
-    """The rounds: from `start` down in JUDGE_STEP steps to `floor`, one run per pending entrant at
-    each rate (the order rotating from round to round); an entrant's figure for a round is the
-    served rate of its first run that held, 0 where none held."""
+    """The rounds: each entrant from its own start down in JUDGE_STEP steps to its floor, one run at
+    a time per pending entrant in turn (the order rotating from round to round), so a drift of the
+    machine falls on all alike; an entrant's figure for a round is the served rate of its first run
+    that held, 0 where none held."""
+    names = list(starts)
     figures: dict[str, list[float]] = {n: [] for n in names}
     p95_at: dict[str, list[float | None]] = {n: [] for n in names}
     for i in range(rounds):
         log(f"== round {i + 1}/{rounds}")
-        pending, rate = names[i % len(names):] + names[:i % len(names)], start
-        while pending and rate >= floor:
+        rate = dict(starts)
+        pending = names[i % len(names):] + names[:i % len(names)]
+        while pending:
             for name in list(pending):
-                run = measure(name, rate)
+                if rate[name] < floors[name]:
+                    figures[name].append(0.0)
+                    p95_at[name].append(None)
+                    pending.remove(name)
+                    continue
+                run = measure(name, rate[name])
                 if run.held:
                     figures[name].append(run.ok_rps)
                     p95_at[name].append(run.p95_ms)
                     pending.remove(name)
-            rate /= JUDGE_STEP
-        for name in pending:
-            figures[name].append(0.0)
-            p95_at[name].append(None)
+                rate[name] /= JUDGE_STEP
     return figures, p95_at
 
 

@@ -375,7 +375,7 @@ def world_judge(seen: list):
             p95 = predict_p95(WORLD, knobs[name], rate)
             return Run(name, rate, "world", int(rate), rate, p95, 0.0, p95 <= p95_ms)
 
-        figures, p95s = ladder(list(knobs), start, start / 8, rounds, measure, log)
+        figures, p95s = ladder({n: start for n in knobs}, {n: start / 8 for n in knobs}, rounds, measure, log)
         return {"entrants": {n: {"rounds_rps": figures[n], "p95_ms_at_figure": p95s[n], "held_at_start": 0,
                                  "runs": rounds} for n in knobs}}
     return fake
@@ -873,9 +873,10 @@ def test_router_hedges_stay_within_their_budget():
 
 
 def test_the_judge_ladder_scores_each_entrant_where_it_stops_holding():
-    """The judge's rule, without a server: from the start down in 5% steps, both entrants run at
-    each rate (the first to run alternating between rounds); a figure is the first rate that
-    held, within one step of where the entrant stops holding; one that holds nowhere scores 0."""
+    """The judge's rule, without a server: each entrant from its start down in 5% steps, the
+    entrants taking one run each in turn (the first alternating between rounds); a figure is the
+    first rate that held, within one step of where the entrant stops holding; one that holds
+    nowhere scores 0."""
     from tritonkit.benchmarks.judge import Run, ladder
 
     edges = {"a": 500.0, "b": 400.0, "never": 0.0}
@@ -885,7 +886,8 @@ def test_the_judge_ladder_scores_each_entrant_where_it_stops_holding():
         calls.append((name, rate))
         return Run(name, rate, "fake", 100, rate, 10.0, 0.0, rate <= edges[name])
 
-    figures, p95s = ladder(["a", "b", "never"], 600.0, 150.0, 2, measure, log=lambda s: None)
+    names = ("a", "b", "never")
+    figures, p95s = ladder(dict.fromkeys(names, 600.0), dict.fromkeys(names, 150.0), 2, measure, log=lambda s: None)
     for name in ("a", "b"):
         assert len(figures[name]) == 2 and edges[name] / JUDGE_STEP < figures[name][0] <= edges[name], figures
     assert figures["a"][0] > figures["b"][0] and figures["never"] == [0.0, 0.0] and p95s["never"] == [None, None]
@@ -893,6 +895,10 @@ def test_the_judge_ladder_scores_each_entrant_where_it_stops_holding():
     second = calls[[i for i, c in enumerate(calls) if c[1] == 600.0][3]:]
     assert second[0][0] == "b"  # round 2 starts with the next entrant
     assert min(r for _, r in calls) >= 150.0  # never below the floor
+    # each entrant walks down from its own start, the runs still taken in turn
+    calls.clear()
+    figures, _ = ladder({"a": 600.0, "b": 450.0}, {"a": 150.0, "b": 150.0}, 1, measure, log=lambda s: None)
+    assert calls[:2] == [("a", 600.0), ("b", 450.0)] and figures["b"][0] > edges["b"] / JUDGE_STEP
 
 
 def test_a_winner_that_batches_as_the_start_did_is_kept_not_a_change():

@@ -87,7 +87,8 @@ def test_the_judge_scores_configs_side_by_side_and_counts_refusals(workdir):
     assert plain["rps"] > 0 and plain["runs"] >= 1
     runs = [r for r in j["runs"] if r["entrant"] == "tiny"]
     assert refusing["fallback_runs"] >= 1 and any(r["error_ratio"] > 0 for r in runs), runs
-    assert j["start_rps"] == pytest.approx(150 * 1.15)
+    first = {name: next(r["rate"] for r in j["runs"] if r["entrant"] == name) for name in ("plain", "tiny")}
+    assert first == {"plain": pytest.approx(115, abs=0.1), "tiny": pytest.approx(172.5, abs=0.1)}  # a rung above
     assert all(r["rate"] >= 100 for r in j["runs"])  # the ladder stopped at its floor
 
 
