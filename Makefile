@@ -104,7 +104,7 @@ gpu-check: $(STAMP)
 	$(BIN)/python -m tritonkit.build_engines.gpu_check
 
 # The kit's wheel and every wheel its base install needs (no extras), for a box without network:
-# pip install --no-index --find-links $(WHEELHOUSE) triton-edge-kit (README, "Offline install").
+# pip install --no-index --find-links $(WHEELHOUSE) triton-edge-kit (README, "Installing").
 # Wheels are for this machine's Python and architecture; build it where those match the box.
 WHEELHOUSE ?= wheelhouse
 wheelhouse: $(STAMP)

@@ -19,11 +19,11 @@ from tritonkit.benchmarks.versus import run_versus
 from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, say, spec_arg
 from tritonkit.configs.loader import load_spec, resolve
 from tritonkit.errors import InputError, Problem, raise_flag_problems
-from tritonkit.loadtests.probe import known
+from tritonkit.loadtests.server_probe import probe_once
 from tritonkit.tuner.apply import load_verified
 from tritonkit.tuner.commands import noise_args
 from tritonkit.tuner.settings import TuneSettings
-from tritonkit.tuner.trials import Probe
+from tritonkit.tuner.trials import TrialWindow
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -38,9 +38,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
         raise_flag_problems([("--confirmations", a.confirmations >= 1, "confirm each winner at least once, e.g. 3")])
         spec = load_spec(a.spec, a.repo)
         model = a.model or spec.models[0].name
-        traits = known(a.state_dir, say)  # both sides obey the probe, as `tritonkit tune` does
+        traits = probe_once(a.state_dir, say)  # both sides obey the probe, as `tritonkit tune` does
         run_tuner_bench(spec, model, a.repo, a.state_dir, a.out, p95_ms=s.p95_ms, max_trials=s.max_trials,
-                        margin=s.margin, probe=Probe(max_s=s.max_trial_s, engine=s.engine),
+                        margin=s.margin, window=TrialWindow(max_s=s.max_trial_s, engine=s.engine),
                         confirmations=a.confirmations,
                         traits=traits, log=say)
         say(f"wrote {a.out / 'bench_tuner.json'}")

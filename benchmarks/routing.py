@@ -2,7 +2,7 @@
 
 Two real tritonservers serve the same model: the edge, reached directly, and the "cloud",
 reached through a delay link (delay_link.py: every chunk `delay_ms` late each way). Requests go
-through an AsyncRouter, a fixed number in flight (closed loop). The cases of issue #17:
+through an AsyncRouter, a fixed number in flight (closed loop). The cases:
 
 - healthy edge: the share of requests answered by the edge;
 - slow edge (its batcher waits 80 ms for a batch that never fills): the share to the edge;
@@ -15,7 +15,7 @@ batching wait (`reconfigure`, the wiring passes tuner/apply.py's verified load) 
 counts from the moment Triton logs that the reloaded model serves (the load call can return a
 second later, once the old model is unloaded), and each phase lasts
 `phase_s` from then. The time to switch is from the change until the router settled: every quarter second over the
-next second sent at least 80% of its requests to the better endpoint (probes make up the rest).
+next second sent at least 80% of its requests to the better endpoint (explorations make up the rest).
 It is looked for before the next reload: a reload's own CPU slows both servers on one machine,
 and the router rightly follows that.
 Figures are measured in this one run and printed, never asserted.
@@ -165,7 +165,7 @@ def share(sent: list[Sent], url: str, answered_by: bool = False) -> float:
 def switch_time(sent: list[Sent], better: str, start: float, end: float) -> float | None:
     """Seconds from `start` until the router settled on `better`: the first request from which
     every SWITCH_WINDOW_S window starting within SETTLE_S sent at least SWITCH_SHARE of its
-    requests there (probes make up the rest). None if that never happened before `end`."""
+    requests there (explorations make up the rest). None if that never happened before `end`."""
     span = [s for s in sent if start <= s.at < end]
     at = [s.at for s in span]
     hits = list(itertools.accumulate((s.first == better for s in span), initial=0))

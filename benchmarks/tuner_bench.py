@@ -39,7 +39,7 @@ from tritonkit.tuner.noise import spread_of
 from tritonkit.tuner.offline import RATE_STEP, Score, Search, confirm
 from tritonkit.tuner.run import max_batch_bound, objective_for
 from tritonkit.tuner.settings import DEFAULT_MARGIN, TuneSettings
-from tritonkit.tuner.trials import LocalServer, Probe, Trials
+from tritonkit.tuner.trials import LocalServer, Trials, TrialWindow
 
 GRID_START_RPS = 200.0  # a coarse ladder: a config that cannot serve this is nowhere near the best
 GRID_MIN_RPS = 25.0  # ... unless none can: on a slow box the ladder starts at half, down to this
@@ -87,21 +87,21 @@ def grid_capacity(trials: Trials, k: Knobs, start: float = GRID_START_RPS) -> Sc
 
 def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
                     p95_ms: float | None = None, max_trials: int = TuneSettings.max_trials,
-                    probe: Probe | None = None,
+                    window: TrialWindow | None = None,
                     margin: float = DEFAULT_MARGIN, confirmations: int = 3,
                     traits: ServerTraits | None = None, final_judge: Callable[..., dict] = judge,
                     log: Callable[[str], None] = print) -> dict:
     objective = objective_for(spec, model, p95_ms, None, TuneSettings.max_errors, margin)
     bound = max_batch_bound(spec, model)
-    probe = probe or Probe()
+    window = window or TrialWindow()
     with repository_lock(repo):
         generate(spec, repo)
         server = LocalServer(spec, repo, state_dir, model, log)
         server.start()
         try:
             def trials() -> Trials:
-                return Trials(server, spec, repo, model, slo_p95_ms=objective.target_p95_ms,
-                              max_error_ratio=objective.max_error_ratio, probe=probe, log=log)
+                return Trials(server, spec, repo, model, target_p95_ms=objective.target_p95_ms,
+                              max_error_ratio=objective.max_error_ratio, window=window, log=log)
 
             points = grid(batch_sizes(bound))
             log(f"==== the grid: {len(points)} configs")

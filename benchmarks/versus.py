@@ -22,7 +22,7 @@ from tritonkit.loadtests.results import SCHEMA
 from tritonkit.tuner.knobs import max_instances
 from tritonkit.tuner.run import max_batch_bound, tune_offline
 from tritonkit.tuner.settings import TuneSettings
-from tritonkit.tuner.trials import Probe
+from tritonkit.tuner.trials import TrialWindow
 
 
 def run_versus(case: str, out_dir: Path, *, ma_wall_s: float, rounds: int = 3, seconds: float = 5.0,
@@ -40,7 +40,7 @@ def run_versus(case: str, out_dir: Path, *, ma_wall_s: float, rounds: int = 3, s
     log(format_model_analyzer(ma))
     log(f"==== case {case}: tritonkit tune (trials measured by {engine})")
     tuned = tune_offline(spec, model, folder / "repo", folder / "state", folder / "tune", rps=rps,
-                         max_trials=max_trials, probe=Probe(engine=engine), write_decision=False, log=log)
+                         max_trials=max_trials, window=TrialWindow(engine=engine), write_decision=False, log=log)
     t = tuned.tuning
     entrants = [Entrant("kit", t.best.knobs.model(start), claim_rps=None if rps else t.best.rate)]
     if ma["winner"] is not None:

@@ -25,7 +25,7 @@ RTT_PINGS = 5
 # A P95 needs this many samples: over 3 it is their maximum, so one slow request (a stall, a
 # connection set-up) would decide alone for as long as it stays in the window.
 P95_MIN_SAMPLES = 20
-# Fewer recent samples than that (an endpoint only probed now and then): the median of the newest
+# Fewer recent samples than that (an endpoint only explored now and then): the median of the newest
 # few. One outlier cannot move it, and two new samples out of three follow a real change.
 FEW_SAMPLES = 3
 CACHE_S = 0.05  # an estimate is recomputed on a new sample, or once the horizon may have moved this much
@@ -35,7 +35,7 @@ MAX_LATENCIES = 100_000  # per endpoint, for reporting percentiles; oldest dropp
 class LatencyWindow:
     """Recent service times and the estimate the router uses: the P95 of those from the last
     `horizon_s` seconds when there are at least P95_MIN_SAMPLES (an endpoint taking traffic), else
-    the median of the newest FEW_SAMPLES (an endpoint that is only probed, or gets no traffic and
+    the median of the newest FEW_SAMPLES (an endpoint that is only explored, or gets no traffic and
     keeps its last known estimate). A short horizon lets an endpoint that degraded or recovered be
     judged by its new samples within a fraction of a second: old samples of the other state would
     hold a P95 where it was (5% of them are enough)."""
@@ -84,7 +84,7 @@ class Endpoint:
         self.sent = self.ok = self.failed = 0
         self.retried_to = self.hedged = self.explored = self.cancelled = 0
         self.in_flight = 0
-        self.last_sent = -math.inf  # when the router last chose it (its clock): probes go to those not chosen lately
+        self.last_sent = -math.inf  # when the router last chose it (its clock): explorations go to the stale
         self.pings = self.ping_failures = 0
         self.errors: dict[str, int] = {}
 
@@ -128,7 +128,7 @@ class Endpoint:
         if not endpoint_fault or kind == "deadline":
             # The request was wrong, not the endpoint; or the router stopped waiting: a slow endpoint
             # is the estimate's business, which moves traffic off it within a second and sees it
-            # recover through probes. The breaker's cool-down would keep a recovered one out longer;
+            # recover through explorations. The breaker's cool-down would keep a recovered one out longer;
             # a silent one still trips it through failed pings.
             self.breaker.release()
             return

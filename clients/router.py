@@ -12,9 +12,10 @@ which is ARCHITECTURE.md's `min(L_edge, L_remote + L_net)`. Each request has one
                 within a budget of extra requests)
 
 A circuit breaker per endpoint takes out one that keeps failing (requests or pings) and lets a
-single probe back in after a cool-down. A non-best endpoint is probed with a request now and then,
+single trial request back in after a cool-down. A non-best endpoint is explored with a request now
+and then,
 so that one which recovered is measured again: the more often, the nearer the chosen endpoint's
-expected latency comes to its last known one (`_probe_interval`). Priority and Triton's queue
+expected latency comes to its last known one (`_explore_interval`). Priority and Triton's queue
 timeout pass through.
 With `coalesce=True`, identical requests in flight share one inference (coalesce.py).
 
@@ -66,7 +67,7 @@ class RouterPolicy:
     attempt_timeout_floor_s: float = 0.05
     hedge_budget: float = 0.0  # at most this share of extra (hedged) requests; 0 = no hedging
     hedge_after_s: float | None = None  # None: once the attempt is slower than its endpoint's expected latency
-    explore: float = 0.1  # at most this share of requests probe a non-best endpoint, to keep measuring it ...
+    explore: float = 0.1  # at most this share of requests explore a non-best endpoint, to keep measuring it ...
     explore_interval_s: float = 0.1  # ... each endpoint at most this often, scaled by how far behind it is ...
     explore_max_interval_s: float = 2.0  # ... and at least this often
     breaker_failures: int = 5  # consecutive failures that open the breaker
@@ -166,7 +167,7 @@ class AsyncRouter:
         self._flight = SingleFlight() if coalesce else None
         self._rng = random.Random(seed)
         self._pinger: asyncio.Task | None = None
-        self.requests = self.ok = self.routed = self.retries = self.hedges = self.probes = 0
+        self.requests = self.ok = self.routed = self.retries = self.hedges = self.explorations = 0
         self.errors: dict[str, int] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -258,23 +259,23 @@ class AsyncRouter:
             return None
         best = min(candidates, key=lambda ep: (ep.score(), ep.index))
         now = self._clock()
-        # a first attempt may probe an endpoint not sent to for its probe interval (retries never do)
-        if not exclude and len(candidates) > 1 and self.probes < self.policy.explore * self.routed:
-            due = [ep for ep in candidates if ep is not best and now - ep.last_sent >= self._probe_interval(best, ep)]
+        # a first attempt may explore an endpoint not sent to for its interval (retries never do)
+        if not exclude and len(candidates) > 1 and self.explorations < self.policy.explore * self.routed:
+            due = [ep for ep in candidates if ep is not best and now - ep.last_sent >= self._explore_interval(best, ep)]
             if due:
                 best = self._rng.choice(due)
                 best.explored += 1
-                self.probes += 1
+                self.explorations += 1
         best.last_sent = now
         best.breaker.acquire()
         return best
 
-    def _probe_interval(self, chosen: Endpoint, other: Endpoint) -> float:
+    def _explore_interval(self, chosen: Endpoint, other: Endpoint) -> float:
         """How long `other` may go without a request: explore_interval_s x L_other / L_chosen, within
-        explore_max_interval_s. Probing grows as the chosen endpoint's expected latency comes up to
+        explore_max_interval_s. Exploring grows as the chosen endpoint's expected latency comes up to
         the other's last known one, which is when the other may well be the better one now (an edge
         that recovered, a remote measured once at a bad moment); one known to be many times slower
-        costs a lot per probe and is unlikely to win, so it is probed rarely."""
+        costs a lot per exploration and is unlikely to win, so it is explored rarely."""
         p = self.policy
         chosen_s, other_s = chosen.score(), other.score()
         behind = other_s / chosen_s if chosen_s > 0 else math.inf
@@ -398,7 +399,7 @@ class AsyncRouter:
 
     def counters(self) -> dict:
         return {"requests": self.requests, "ok": self.ok, "errors": dict(self.errors), "routed": self.routed,
-                "retries": self.retries, "hedges": self.hedges, "probes": self.probes,
+                "retries": self.retries, "hedges": self.hedges, "explorations": self.explorations,
                 "coalesce": self._flight.counters() if self._flight else None,
                 "endpoints": {ep.url: ep.counters() for ep in self.endpoints}}
 

@@ -26,5 +26,5 @@ def server_warnings(spec: Spec, target: str = "local") -> list[str]:
         names = ", ".join(m.name for m in at_risk)
         return [f"{names}: queue policies or priority levels, and the local tritonserver was never probed; "
                 f"`tritonkit probe` measures whether they stall its batcher (they do on Triton 2.51 with "
-                f"one instance; README, \"Overload on Triton 2.51\")"]
+                f"one instance; docs/overload.md)"]
     return [w for m in at_risk if (w := server_traits.stall_risk(m, traits))]

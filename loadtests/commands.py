@@ -17,9 +17,9 @@ from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests import pa_install
 from tritonkit.loadtests.load import Load, RequestClass
 from tritonkit.loadtests.measure import measure_by
-from tritonkit.loadtests.probe import probe
 from tritonkit.loadtests.results import error_share, format_result, format_router, write_result
 from tritonkit.loadtests.routed import measure_router, route_requests
+from tritonkit.loadtests.server_probe import probe
 from tritonkit.server import LocalTriton
 from tritonkit.spec import ServerSpec
 
@@ -139,7 +139,7 @@ ROUTE_DESCRIPTION = (
     "an endpoint's expected latency, a request is retried on the next best endpoint\n"
     "inside its deadline (--deadline-ms). --hedge sends a second copy of a slow request\n"
     "within a budget of extra requests. A circuit breaker takes out an endpoint after 5\n"
-    "consecutive errors and probes it back after 2 s. Another endpoint is probed once\n"
+    "consecutive errors and lets one request back in after 2 s. Another endpoint is explored once\n"
     "per 0.1 s x (its latency / the chosen one's), at most every 2 s and within 10% of\n"
     "requests, so one that recovered is back within a second.\n"
     "--coalesce lets identical requests in flight share one inference. Prints per\n"

@@ -182,7 +182,9 @@ class Outcome:
     stats_after: dict | None = None
     # (start, end) perf_counter intervals in which the generator's loop did not run (loadtests/stalls.py)
     stalls: list[tuple[float, float]] = field(default_factory=list)
-    # what an external generator (perf_analyzer) said about keeping up, in its own words
+    # what an external generator (perf_analyzer) said about keeping up, in its own words: reported,
+    # not a verdict (it counts a request sent a microsecond late as delayed; a rate it could not
+    # offer shows as a short run)
     generator_notes: list[str] = field(default_factory=list)
 
 
@@ -192,7 +194,8 @@ def generator_health(load: Load, out: Outcome) -> dict:
     achieved = len(out.samples) / load.duration_s
     health = {"cpu_percent": round(out.cpu_percent, 1), "achieved_rate": round(achieved, 1),
               "lag_p95_ms": round(percentile(lags_ms, 95), 3) if lags_ms else None,
-              "dropped": out.dropped, "saturated": False, "short": False, "warning": None}
+              "dropped": out.dropped, "saturated": False, "short": False, "warning": None,
+              "notes": list(out.generator_notes)}
     reasons = []
     if out.cpu_percent > 90:
         reasons.append(f"its process used {out.cpu_percent:.0f}% of a core")
@@ -211,7 +214,6 @@ def generator_health(load: Load, out: Outcome) -> dict:
             reasons.append(f"its sends ran {health['lag_p95_ms']:.1f} ms (P95) behind schedule")
         if out.dropped:
             reasons.append(f"{out.dropped} arrivals were dropped at {load.max_in_flight} in flight")
-    reasons += out.generator_notes
     if reasons:
         health["saturated"] = True
         health["warning"] = ("the load generator, not the server, limited this run: " + "; ".join(reasons)

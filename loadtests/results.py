@@ -141,11 +141,11 @@ def format_router(section: dict) -> list[str]:
              f"hedges {section['hedges']}; {coalesced}; "
              f"Triton inferences {'-' if inferences is None else inferences}",
              f"{'endpoint':<22}{'role':<8}{'share':>7}{'sent':>7}{'ok':>7}{'failed':>7}{'retry-to':>9}{'hedged':>7}"
-             f"{'probes':>7}"
+             f"{'explored':>9}"
              f"{'P50 ms':>8}{'P95 ms':>8}{'RTT ms':>8}{'breaker':>10}{'inferred':>9}{'cache':>7}"]
     for url, e in section["endpoints"].items():
         lines.append(f"{url:<22}{e['role']:<8}{e['share']:>7.1%}{e['sent']:>7}{e['ok']:>7}{e['failed']:>7}"
-                     f"{e['retried_to']:>9}{e['hedged']:>7}{e['explored']:>7}{_cell(e['p50_ms'])}{_cell(e['p95_ms'])}"
+                     f"{e['retried_to']:>9}{e['hedged']:>7}{e['explored']:>9}{_cell(e['p50_ms'])}{_cell(e['p95_ms'])}"
                      f"{_cell(e['rtt_ms'])}{e['breaker']:>10}{_cell(e['triton_inferences'], 9, 'd')}"
                      f"{_cell(e['cache_hits'], 7, 'd')}")
     return lines

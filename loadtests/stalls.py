@@ -3,7 +3,7 @@
 On a shared machine the generator's event loop sometimes does not run for tens of ms (the OS
 gave both cores to someone else, or the loop was busy). A response that arrives then waits for
 the loop, and the client counts the wait as latency although Triton had answered. A watcher
-that should wake every TICK_S records each late wake-up as a stall (issue #15).
+that should wake every TICK_S records each late wake-up as a stall.
 
 Only a request seen done right after a stall ended (within SEEN_S: the loop works off what
 queued up) may have waited for it; its answer came somewhere inside the part of the stall it was

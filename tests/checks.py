@@ -18,7 +18,7 @@ def assert_priorities_under_overload(result: dict) -> None:
     # Interactive is taken from its queue first, so less of it is turned away; on a slow enough
     # box bulk may get nothing at all. (Interactive's latency is lower too on a quiet machine, but
     # under a hard overload Triton 2.51's batcher stalls up to 500 ms at a time with a bounded
-    # queue, which makes a P95 comparison a lottery: README, Overload on Triton 2.51.)
+    # queue, which makes a P95 comparison a lottery: docs/overload.md.)
     assert _rejected(inter) < 0.8 * _rejected(bulk)
     assert bulk["errors"].get("queue_full", 0) > 0
     assert result["overall"]["requests"] == sum(c["requests"] for c in result["classes"].values())

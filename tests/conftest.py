@@ -76,7 +76,7 @@ SERVED_SPEC = {
         },
         {
             # Two instances: with one, Triton 2.51's batcher misses the wake-up when an instance
-            # frees up while a queue policy is set, and stalls up to 500 ms (README, Overload), which
+            # frees up while a queue policy is set, and stalls up to 500 ms (docs/overload.md), which
             # would drown the priority ordering this model is for.
             "name": "prio",
             "onnx": "onnx/mlp_slow.onnx",

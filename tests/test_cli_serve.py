@@ -159,7 +159,7 @@ def test_infer_without_a_server_says_how_to_start_one(tmp_path):
 
 def test_demo_finishes_and_batches(tmp_path, probed):
     """`make demo`'s job on a small copy of the default spec: batches above 1 in Triton's stats, and
-    a burst the batcher never stalls on (a stall is a request held ~500 ms, README "Overload")."""
+    a burst the batcher never stalls on (a stall is a request held ~500 ms, docs/overload.md)."""
     root = Path(__file__).resolve().parent.parent
     spec = (root / "deploy.yaml").read_text()
     (tmp_path / "deploy.yaml").write_text(spec)

@@ -30,9 +30,9 @@ from tritonkit.tuner.knobs import DELAYS_US, Knobs, batch_sizes, grid
 from tritonkit.tuner.noise import Noise, clear, fitted_rate, majority, spread_of, wins
 from tritonkit.tuner.offline import RATE_STEP, Objective, Search, predict_p95
 from tritonkit.tuner.online import Controller, OnlineSettings, Window
-from tritonkit.tuner.pooled import holds, pooled
+from tritonkit.tuner.pooled import pooled, pooled_verdict
 from tritonkit.tuner.protect import Budget, protect
-from tritonkit.tuner.trials import Probe, Trial
+from tritonkit.tuner.trials import Trial, TrialWindow
 
 SLO_MS = 25.0
 # 2 ms per execution plus 0.5 ms per item: batching pays (8 items cost 6 ms, not 20 ms)
@@ -217,7 +217,7 @@ def test_latency_objective_lowers_p95_at_the_target_rate():
 class NoisySimulatedTrials(SimulatedTrials):
     """WORLD on a shared machine: every open-loop P95 is multiplied by a slow drift of the machine
     (a first-order autoregression, so neighbouring runs are alike) and by each run's own noise,
-    lognormal, as issue #15 measured (the same config at the same rate: 19.9 to 30.5 ms)."""
+    lognormal, as measured on this box (the same config at the same rate: 19.9 to 30.5 ms)."""
 
     def __init__(self, seed: int, target_ms: float, spread: float = 0.15, drift: float = 0.05):
         super().__init__()
@@ -307,20 +307,20 @@ def test_a_rate_holds_by_the_requests_of_its_runs_pooled():
     """Two quick runs and one slow episode pass two of three runs, but not a load test of their
     length: pooled, 30% slow requests in one run are 10% of all, past the 5% a P95 allows."""
     quick, slow = [10.0] * 97 + [40.0] * 3, [10.0] * 70 + [40.0] * 30
-    assert holds([_run(1, quick), _run(2, quick)], 25.0, 0.01) is None  # a pass needs all three
-    assert holds([_run(1, quick), _run(2, quick), _run(3, quick)], 25.0, 0.01) is True
-    assert holds([_run(1, quick), _run(2, slow), _run(3, quick)], 25.0, 0.01) is False
-    assert holds([_run(1, slow)], 25.0, 0.01) is False  # 30 slow already exceed 5% of three runs: stop
+    assert pooled_verdict([_run(1, quick), _run(2, quick)], 25.0, 0.01) is None  # a pass needs all three
+    assert pooled_verdict([_run(1, quick), _run(2, quick), _run(3, quick)], 25.0, 0.01) is True
+    assert pooled_verdict([_run(1, quick), _run(2, slow), _run(3, quick)], 25.0, 0.01) is False
+    assert pooled_verdict([_run(1, slow)], 25.0, 0.01) is False  # 30 slow already exceed 5% of three runs: stop
     # 7% slow in each run fails each run, yet 4% + 4% + 7% pooled is a P95 within the SLO
     mixed = [10.0] * 96 + [40.0] * 4
-    assert holds([_run(1, mixed), _run(2, mixed), _run(3, [10.0] * 93 + [40.0] * 7)], 25.0, 0.01) is True
-    assert holds([_run(1, quick, errors=4)], 25.0, 0.01) is False  # errors over 1% of three runs
-    assert holds([_run(1, quick, offered=False)], 25.0, 0.01) is False
+    assert pooled_verdict([_run(1, mixed), _run(2, mixed), _run(3, [10.0] * 93 + [40.0] * 7)], 25.0, 0.01) is True
+    assert pooled_verdict([_run(1, quick, errors=4)], 25.0, 0.01) is False  # errors over 1% of three runs
+    assert pooled_verdict([_run(1, quick, offered=False)], 25.0, 0.01) is False
     p = pooled([_run(1, quick), _run(2, slow), _run(3, quick)])
     assert p.requests == 300 and p.p95_ms == 40.0 and p.p50_ms == 10.0 and p.note.startswith("3 runs pooled")
 
 def test_the_grid_starts_lower_on_a_box_where_no_config_holds_its_first_rung():
-    """A box slower than the grid's ladder assumes (issue #15's slowest hour held about 100 req/s):
+    """A box slower than the grid's ladder assumes (a slow hour of this box held about 100 req/s):
     every config fails 200 req/s, so the grid screens all again from half the rate, and ends with
     figures rather than none."""
     from tritonkit.benchmarks import tuner_bench as bench
@@ -487,8 +487,7 @@ def test_a_search_where_nothing_held_still_ends_in_a_confirmed_figure():
 class SlowerWhenConfirming(SimulatedTrials):
     """WORLD, except that the confirmation's runs meet the SLO only at 70% of its first rate or
     less (the box slowed down after the search): a clear fail above, an easy pass below. Its
-    batcher collapses under overload, so the winner has no protective policy to confirm first (as
-    in the bench run this reproduces)."""
+    batcher collapses under overload, so the winner has no protective policy to confirm first."""
 
     def __init__(self):
         super().__init__(collapses=True)
@@ -505,12 +504,12 @@ class SlowerWhenConfirming(SimulatedTrials):
 
 def test_the_confirmation_steps_down_while_its_trials_last():
     """A box that slowed after the search fails the winner's rate and the next two rungs down: the
-    confirmation goes on stepping down with the trials the budget kept for it (it used to stop
-    after three rates and leave them unused), and confirms what the box now sustains."""
+    confirmation goes on stepping down with the trials the budget kept for it, instead of stopping
+    after three rates with trials unused, and confirms what the box now sustains."""
     sim = SlowerWhenConfirming()
     tuning = Search(sim, Objective(SLO_MS), bound=16, max_trials=30, log=lambda s: None).run(Knobs(16, 8000, 1))
     rates = sorted({round(t.rate) for t in sim.trials if t.phase == "confirm"}, reverse=True)
-    assert len(rates) == 4, rates  # the fourth rung down: past the three the confirmation used to stop at
+    assert len(rates) == 4, rates  # the fourth rung down: more than three rates
     assert tuning.confirmed and tuning.best.rate <= 0.7 * sim.first
     assert tuning.best.rate >= 0.7 * sim.first / RATE_STEP  # the first rung that holds, not lower
     assert len(sim.trials) <= 30
@@ -580,11 +579,11 @@ def test_the_noise_rules():
 
 
 def test_trial_length_follows_the_rate_within_its_bounds():
-    probe = Probe()
-    assert probe.window_s(1000) == 3.0  # 3000 requests
-    assert probe.window_s(100) == probe.max_s  # not 30 s: the time budget of one trial
-    assert probe.window_s(5000) == probe.duration_s
-    assert Probe(max_s=3).window_s(300) == 3
+    window = TrialWindow()
+    assert window.window_s(1000) == 3.0  # 3000 requests
+    assert window.window_s(100) == window.max_s  # not 30 s: the time budget of one trial
+    assert window.window_s(5000) == window.duration_s
+    assert TrialWindow(max_s=3).window_s(300) == 3
 
 
 def test_the_generators_own_stalls_are_taken_out_of_latencies():
@@ -800,7 +799,7 @@ def _simulate(edge_service_ms: Callable[[float], float], seconds: float, concurr
 
 
 def test_router_moves_off_a_slowed_edge_and_back_within_a_second_on_a_fake_clock():
-    """Issue #17's cases decided on a fake clock: an edge whose batcher starts waiting 80 ms (85 ms
+    """The routing cases decided on a fake clock: an edge whose batcher starts waiting 80 ms (85 ms
     in all) at 3 s and is itself again at 6 s, against a cloud of 40 ms."""
     step = _simulate(lambda t: 85.0 if 3 <= t < 6 else 3.0, 9.0)
     off, back = switch_time(step, "cloud:1", 3.0, 6.0), switch_time(step, "edge:1", 6.0, 9.0)

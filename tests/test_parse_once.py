@@ -80,7 +80,7 @@ def test_serve_parses_once(workdir):
 @pytest.mark.server
 def test_tune_after_build_on_a_batch_1_export_succeeds_and_parses_once(workdir, probed):
     """A model exported with its batch fixed at 1: `build` makes the batch dynamic, and `tune`
-    then tunes the prepared graph (it used to refuse the original)."""
+    then tunes the prepared graph, not the original it would refuse."""
     static_reshape(workdir / "static.onnx")
     write_spec(workdir, {"models": [{"name": "st", "onnx": "static.onnx", "max_batch_size": 8,
                                      "batching": {"max_queue_delay_us": 500}, "slo": {"p95_ms": 200}}],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import tritonkit, write_spec
-from tritonkit.loadtests.probe import traits_from
+from tritonkit.loadtests.server_probe import traits_from
 
 pytestmark = pytest.mark.server
 

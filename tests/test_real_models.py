@@ -21,7 +21,7 @@ from tritonkit.configs.loader import load_spec
 from tritonkit.configs.steps import serve_configured
 from tritonkit.tuner.costmodel import batch_points
 from tritonkit.tuner.run import tune_offline
-from tritonkit.tuner.trials import Probe
+from tritonkit.tuner.trials import TrialWindow
 
 pytestmark = pytest.mark.server
 
@@ -249,11 +249,11 @@ def test_tune_measures_realistic_inputs(site, name, tmp_path, probed):
     """Each model tunes with the inputs its rules describe (one without a batch axis by its
     instances alone); for the stride-bound detector, the
     compute Triton measured per request is that of an `opt`-sized image (a run at 1x1 per dynamic
-    dim, as the tuner used to send, costs a small fraction of it)."""
+    dim costs a small fraction of it, so a tuner sending those would measure the wrong model)."""
     spec = load_spec(site / "deploy.yaml", site / "repo")
-    probe = Probe(warmup_s=0.3, duration_s=1.0, drain_s=0.5, max_s=1.0)
+    window = TrialWindow(warmup_s=0.3, duration_s=1.0, drain_s=0.5, max_s=1.0)
     result = tune_offline(spec, name, site / "repo", tmp_path / "state", tmp_path / "out", max_trials=5,
-                          probe=probe, write_decision=False, log=print)
+                          window=window, write_decision=False, log=print)
     trials = result.trials.trials
     measured = [t for t in trials if t.requests]
     assert measured and all(t.error_ratio == 0 for t in measured), [(t.label, t.errors) for t in measured]

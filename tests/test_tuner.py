@@ -93,7 +93,7 @@ def test_refused_candidate_and_killed_server_end_with_the_last_known_good_config
     from tritonkit.configs.generate import generate
     from tritonkit.configs.loader import load_spec
     from tritonkit.tuner.knobs import Knobs
-    from tritonkit.tuner.trials import LocalServer, Probe, Trials
+    from tritonkit.tuner.trials import LocalServer, Trials, TrialWindow
 
     spec_path = write_spec(workdir, SLOW_SPEC)
     repo = workdir / "repo"
@@ -102,8 +102,8 @@ def test_refused_candidate_and_killed_server_end_with_the_last_known_good_config
     server = LocalServer(spec, repo, workdir / "state", "tunable", lambda s: None)
     server.start()
     try:
-        trials = Trials(server, spec, repo, "tunable", slo_p95_ms=12, max_error_ratio=0.01,
-                        probe=Probe(warmup_s=0.2, duration_s=1.5, drain_s=1, max_s=1.5), log=print)
+        trials = Trials(server, spec, repo, "tunable", target_p95_ms=12, max_error_ratio=0.01,
+                        window=TrialWindow(warmup_s=0.2, duration_s=1.5, drain_s=1, max_s=1.5), log=print)
         good = Knobs(8, 500, 1)
         assert trials.run(good, trials.open_load(100), "good").requests > 0
         cfg = repo / "tunable" / "config.pbtxt"

@@ -22,7 +22,7 @@ from tritonkit.spec import Spec
 from tritonkit.stats import batch_histogram, summary_ms
 from tritonkit.tuner.run import tune_offline
 from tritonkit.tuner.sweep import sweep
-from tritonkit.tuner.trials import Probe
+from tritonkit.tuner.trials import TrialWindow
 
 
 def say(msg: str = "") -> None:
@@ -85,7 +85,7 @@ def run_demo(draft: Spec, repo: Path, state_dir: Path, requests: int = 2000, con
     say(f"\n== 7/{STEPS} tune for the SLO: P95 <= {slo.p95_ms:g} ms at {rate:g} req/s (the lowest P95 there)")
     # 3 s trials: the demo shows the loop; `tritonkit tune` measures longer ones (about 3000 requests)
     result = tune_offline(spec, model, repo, state_dir, out / "tune", rps=rate, max_trials=tune_trials,
-                          probe=Probe(max_s=3.0),
+                          window=TrialWindow(max_s=3.0),
                           log=say)
     t = result.tuning
 

@@ -255,7 +255,7 @@ def _pydantic_problems(file: str, err: ValidationError) -> list[Problem]:
         kind = e["type"]
         if kind == "extra_forbidden":
             problems.append(Problem(file, path, "unknown key",
-                                    "remove it or check its spelling against the README's deploy.yaml reference"))
+                                    "remove it or check its spelling against docs/deploy-yaml.md"))
         elif kind == "missing":
             problems.append(Problem(file, path, "required key is missing", "add it"))
         elif kind == "literal_error":
@@ -296,7 +296,7 @@ def parse_spec(path: Path) -> Spec:
                                   "fix the YAML syntax")]) from None
     if not isinstance(raw, dict):
         raise InputError([Problem(file, "", "expected a mapping with a `models:` list at the top",
-                                  "see the README's deploy.yaml reference")])
+                                  "see docs/deploy-yaml.md")])
     source = copy.deepcopy(raw)
     _apply_tuned(raw, path.parent / TUNED_FILE)
     try:

@@ -15,7 +15,7 @@ from tritonkit.tuner.online import OnlineSettings, run_online
 from tritonkit.tuner.run import tune_offline
 from tritonkit.tuner.settings import DEFAULT_MARGIN, TuneSettings
 from tritonkit.tuner.sweep import BATCH_SIZES, sweep
-from tritonkit.tuner.trials import Probe
+from tritonkit.tuner.trials import TrialWindow
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:
@@ -49,8 +49,8 @@ def cmd_tune(a: argparse.Namespace) -> int:
     spec = load_spec(a.spec, repo)  # a model `tritonkit build` prepared is tuned as built
     result = tune_offline(spec, a.model, repo, a.state_dir, a.out, p95_ms=s.p95_ms, rps=s.rps,
                           max_trials=s.max_trials, max_error_ratio=s.max_errors, max_batch=s.max_batch,
-                          input_data=a.input_data, margin=s.margin, probe=Probe(max_s=s.max_trial_s, engine=s.engine),
-                          log=say)
+                          input_data=a.input_data, margin=s.margin,
+                          window=TrialWindow(max_s=s.max_trial_s, engine=s.engine), log=say)
     t = result.tuning
     if t.kept:
         say(f"\nkept: {t.best.knobs.label()} (no other batching held more; see the report)")

@@ -1,6 +1,6 @@
 """How far one short measurement can be trusted on the machine at hand, and the rules that decide
 with it. Near capacity, on a shared box, the P95 of one 3 s run of one config at one rate can
-differ from the next run's by half (issue #15); every keep/revert and every sustained rate here
+differ from the next run's by half; every keep/revert and every sustained rate here
 therefore rests on repeated runs, judged against the measured run-to-run spread.
 
 - The spread: the standard deviation of log P95 between repeated runs of one config at one rate,
@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-PRIOR_SPREAD = 0.2  # issue #15's repeated runs near capacity on a shared 2-core box: 0.1 to 0.4
+PRIOR_SPREAD = 0.2  # repeated runs near capacity on a shared 2-core box spread 0.1 to 0.4
 PRIOR_WEIGHT = 2.0  # the prior counts as this many repeats until the machine's own come in
 MIN_SPREAD = 0.03  # a P95 of a few thousand requests is never more exact than this
 CLEAR = 2.0  # spreads from the target at which one run decides

@@ -39,7 +39,7 @@ from tritonkit.spec import QueuePolicy
 from tritonkit.tuner.costmodel import CostModel, batch_points, delay_for, fit, parallelism
 from tritonkit.tuner.knobs import Knobs, batch_sizes, max_instances, neighbours, on_ladder
 from tritonkit.tuner.noise import RUNS, Noise, clear, fitted_rate, majority, wins
-from tritonkit.tuner.pooled import holds, pooled
+from tritonkit.tuner.pooled import pooled, pooled_verdict
 from tritonkit.tuner.protect import (
     OVERLOAD_FACTORS,
     OVERLOAD_GOODPUT,
@@ -165,7 +165,8 @@ class Search:
         """The P95 a comparison uses: infinite for a run without one or with too many errors."""
         return t.p95_ms if t.p95_ms is not None and t.error_ratio <= self.obj.max_error_ratio else math.inf
 
-    def holds(self, k: Knobs, rate: float, phase: str, runs: list[Trial] | None = None) -> tuple[bool, list[Trial]]:
+    def verdict_at(self, k: Knobs, rate: float, phase: str,
+                   runs: list[Trial] | None = None) -> tuple[bool, list[Trial]]:
         """Does `k` meet the target at `rate`? One run when it is clear, else the majority of three.
         `runs`: runs at this rate already made."""
         runs = list(runs or [])
@@ -197,7 +198,7 @@ class Search:
 
     def evaluate(self, k: Knobs, phase: str, start_rate: float | None = None) -> Score:
         if self.obj.rps:
-            ok, runs = self.holds(k, self.obj.rps, phase)
+            ok, runs = self.verdict_at(k, self.obj.rps, phase)
             return self._score(k, self.obj.rps, runs, ok)
         return self.sustained(k, start_rate or 100.0, phase)
 
@@ -206,12 +207,12 @@ class Search:
         step down from it while it does not. Stepping down, one failed run per rung is enough (a
         rung too low is corrected by the fitted rate, `refined`); the first pass must hold in most
         runs. `given`: runs at `rate` that already held there."""
-        ok, runs = (True, given) if given else self.holds(k, rate, phase)
+        ok, runs = (True, given) if given else self.verdict_at(k, rate, phase)
         best = self._score(k, rate, runs, ok)
         if ok:
             while self.budget_left > 0:
                 up = rate * RATE_STEP
-                ok, runs = self.holds(k, up, phase)
+                ok, runs = self.verdict_at(k, up, phase)
                 if not ok:
                     break
                 rate, best = up, self._score(k, up, runs, True)
@@ -223,7 +224,7 @@ class Search:
                 first = self.measure(k, rate, phase)
                 if not first.passed:
                     continue
-                ok, runs = self.holds(k, rate, phase, [first])
+                ok, runs = self.verdict_at(k, rate, phase, [first])
                 if ok:
                     best = self._score(k, rate, runs, True)
                     break
@@ -384,7 +385,7 @@ class Search:
     def speed_check(self, tuning: Tuning) -> None:
         """Run the last calibration point again, if a trial is left, and record how the compute
         time of one batch moved since the start: on a shared box it moves by tens of percent within
-        an hour, and every rate measured here moves with it (README "Decisions on a noisy machine")."""
+        an hour, and every rate measured here moves with it (docs/tuning.md, "Decisions on a noisy machine")."""
         if self.reference is None or self.final_left <= 0:
             return
         k, clients, b, start_ms = self.reference
@@ -421,8 +422,8 @@ class Search:
                 self.log(f"   {tuning.policy_note}")
         self.log(f"== confirm: three runs, pooled, must meet the SLO itself ({self.obj.slo_p95_ms:g} ms); "
                  "pass/fail below is each run's against the search's target")
-        # down the ladder as far as the trials left allow (bench tuner, run 3: the rate a box slowed
-        # under at the end held a fourth rung down, with three trials of the budget left unused)
+        # down the ladder as far as the trials left allow: a box that slowed after the search may
+        # hold only several rungs down, and trials kept for the end are worth spending on it
         confirmed = confirm(self.t, candidates, rate, step_down=not self.obj.rps,
                             limit=self.final_left, objective=self.obj)
         if confirmed is not None:
@@ -491,7 +492,7 @@ def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: boo
     for r in [rate / RATE_STEP ** i for i in range(MAX_STEPS_DOWN)] if step_down else [rate]:
         for k in candidates:
             runs: list[Trial] = []
-            while (verdict := held(runs, objective)) is None:
+            while (verdict := confirmation_verdict(runs, objective)) is None:
                 if len(trials.trials) >= end:
                     return None
                 runs.append(trials.run(k, trials.open_load(r), "confirm"))
@@ -501,9 +502,9 @@ def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: boo
     return None
 
 
-def held(runs: list[Trial], objective: Objective) -> bool | None:
+def confirmation_verdict(runs: list[Trial], objective: Objective) -> bool | None:
     """A confirmation's verdict at one rate: the runs pooled against the SLO and the error bound."""
-    return holds(runs, objective.slo_p95_ms, objective.max_error_ratio)
+    return pooled_verdict(runs, objective.slo_p95_ms, objective.max_error_ratio)
 
 
 def predict_p95(cm: CostModel, k: Knobs, rate: float) -> float:

@@ -1,10 +1,10 @@
 """Whether a rate holds, judged on the requests of several runs pooled, as one load test of their
 total length would judge it.
 
-The confirmation used to ask for two of three short runs to pass. On a shared 2-core box the
+Two of three short runs passing is not enough. On a shared 2-core box the
 server has slow episodes of a few seconds (up to twice as slow); a 30 s load test nearly always
 meets one, while two of three 2.6 s runs mostly do not, so the rates confirmed that way missed
-the SLO in the load tests that checked them (README "Decisions on a noisy machine"). Pooled, a
+the SLO in the load tests that checked them (docs/tuning.md, "Decisions on a noisy machine"). Pooled, a
 slow run counts for the share of the requests it really slowed, no more and no less.
 """
 
@@ -20,7 +20,7 @@ from tritonkit.tuner.trials import Trial
 OVER_SHARE = 0.05  # a P95 lets this share of the requests exceed it
 
 
-def holds(runs: list[Trial], limit_ms: float, max_error_ratio: float) -> bool | None:
+def pooled_verdict(runs: list[Trial], limit_ms: float, max_error_ratio: float) -> bool | None:
     """True once RUNS runs, pooled, have a P95 within `limit_ms` and errors within the bound. False
     as soon as a run measured nothing or could not be offered, or the requests over the limit (or
     failed) so far are more than RUNS runs of this size may have. None while undecided."""

@@ -68,7 +68,7 @@ def protect(k: Knobs, b: Batching, budget: Budget, capacity_rps: float,
     stalls = traits is not None and traits.stalls
     if stalls and traits.safe_instances is None:
         return None, (f"no queue policy: on Triton {traits.version} a bounded queue stalled the batcher with every "
-                      f"instance count the probe tried (README, \"Overload on Triton 2.51\")")
+                      f"instance count the probe tried (docs/overload.md)")
     timeout_us = int(budget.queue_ms * 1e3)
     drained = capacity_rps * budget.queue_ms / 1e3  # requests the server serves within the budget
     default_level = b.default_priority if b.priority_levels else 0

@@ -14,14 +14,14 @@ from pathlib import Path
 
 from tritonkit.build_engines.plan import serving_max_batch
 from tritonkit.configs.generate import generate
-from tritonkit.loadtests.probe import known
+from tritonkit.loadtests.server_probe import probe_once
 from tritonkit.spec import Spec
 from tritonkit.tuner import outputs
 from tritonkit.tuner.knobs import from_spec
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.offline import Objective, Search, Tuning
 from tritonkit.tuner.settings import DEFAULT_MARGIN, TuneSettings, slo_for
-from tritonkit.tuner.trials import LocalServer, Probe, Trials
+from tritonkit.tuner.trials import LocalServer, Trials, TrialWindow
 
 
 @dataclass
@@ -50,7 +50,7 @@ def objective_for(spec: Spec, model: str, p95_ms: float | None, rps: float | Non
 def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
                  p95_ms: float | None = None, rps: float | None = None,
                  max_trials: int = TuneSettings.max_trials, max_error_ratio: float = TuneSettings.max_errors,
-                 max_batch: int | None = None, probe: Probe | None = None, margin: float = DEFAULT_MARGIN,
+                 max_batch: int | None = None, window: TrialWindow | None = None, margin: float = DEFAULT_MARGIN,
                  write_decision: bool = True, input_data: Path | None = None,
                  log: Callable[[str], None] = print) -> TuneResult:
     """`spec` is the command's resolved spec (configs.loader, against `repo`): a model that
@@ -58,13 +58,13 @@ def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: P
     objective = objective_for(spec, model, p95_ms, rps, max_error_ratio, margin)
     bound = max_batch_bound(spec, model, max_batch)
     t0 = time.perf_counter()
-    traits = known(state_dir, log)  # what the server does with a bounded queue, probed once per version
+    traits = probe_once(state_dir, log)  # what the server does with a bounded queue, probed once per version
     with repository_lock(repo):
         generate(spec, repo)
         server = LocalServer(spec, repo, state_dir, model, log)
         server.start()
-        trials = Trials(server, spec, repo, model, slo_p95_ms=objective.target_p95_ms,
-                        max_error_ratio=objective.max_error_ratio, probe=probe or Probe(), log=log,
+        trials = Trials(server, spec, repo, model, target_p95_ms=objective.target_p95_ms,
+                        max_error_ratio=objective.max_error_ratio, window=window or TrialWindow(), log=log,
                         input_data=input_data)
         tuning = None
         try:

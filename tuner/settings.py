@@ -9,7 +9,7 @@ from tritonkit.spec import Spec
 
 # Share of the SLO the tuner holds back: its trials must meet 90% of it, so that the written config
 # still meets the SLO on a minute when this machine runs 10% slower; the confirmation then checks
-# the SLO itself on three runs pooled (issue #15 measured runs 20% apart).
+# the SLO itself on three runs pooled (runs of one config here lie about 20% apart).
 DEFAULT_MARGIN = 0.1
 
 

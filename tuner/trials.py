@@ -32,7 +32,7 @@ from tritonkit.tuner.settings import TuneSettings
 
 
 @dataclass(frozen=True)
-class Probe:
+class TrialWindow:
     """How long each measurement runs. The steady window holds about `requests` requests at the
     trial's rate, so that its P95 rests on enough of them (a P95 of 500 requests is 25 of them),
     but never less than `duration_s` nor more than `max_s` (the time budget of one trial)."""
@@ -115,12 +115,13 @@ class LocalServer:
 
 
 class Trials:
-    def __init__(self, server: LocalServer, spec: Spec, repo: Path, model: str, *, slo_p95_ms: float,
-                 max_error_ratio: float, probe: Probe, log: Callable[[str], None], input_data: Path | None = None):
+    def __init__(self, server: LocalServer, spec: Spec, repo: Path, model: str, *, target_p95_ms: float,
+                 max_error_ratio: float, window: TrialWindow, log: Callable[[str], None],
+                 input_data: Path | None = None):
         self.server, self.spec, self.repo, self.model = server, spec, repo, model
         self.input_data = input_data  # real request data the trials send, else the model's generated inputs
-        # slo_p95_ms: the P95 a trial must meet, the tuner's target (the SLO less its margin)
-        self.slo_p95_ms, self.max_error_ratio, self.probe_cfg, self.log = slo_p95_ms, max_error_ratio, probe, log
+        # the P95 a trial must meet: the tuner's target, the SLO less its margin
+        self.target_p95_ms, self.max_error_ratio, self.window, self.log = target_p95_ms, max_error_ratio, window, log
         self.trials: list[Trial] = []
         self.current: Knobs | None = None
         self.good: Knobs | None = None
@@ -179,7 +180,7 @@ class Trials:
 
     def _send(self, load: Load, classes: list[RequestClass]) -> Outcome:
         url = self.server.r.endpoints.grpc
-        if self.probe_cfg.engine == "perf_analyzer" and classes == [RequestClass()]:
+        if self.window.engine == "perf_analyzer" and classes == [RequestClass()]:
             with contextlib.suppress(PerfAnalyzerStopped):
                 return run_pa(url, self.model, load, classes, input_data=self.input_data, log=self.log)
         return asyncio.run(run_load(url, self.model, load, classes, input_data=self.input_data))
@@ -213,15 +214,15 @@ class Trials:
         elif t.generator_limited:
             t.note = (f"generator-limited: stalled {t.stalled_ms:.0f} ms, client P95 {t.client_p95_ms:.1f} ms "
                       f"with its stalls")
-        t.passed = (t.p95_ms is not None and t.p95_ms <= self.slo_p95_ms and t.error_ratio <= self.max_error_ratio
+        t.passed = (t.p95_ms is not None and t.p95_ms <= self.target_p95_ms and t.error_ratio <= self.max_error_ratio
                     and not short)
 
     def open_load(self, rate: float) -> Load:
-        p = self.probe_cfg
+        p = self.window
         return Load(rate=rate, duration_s=p.window_s(rate), warmup_s=p.warmup_s, drain_s=p.drain_s)
 
     def closed_load(self, clients: int, seconds: float | None = None) -> Load:
-        p = self.probe_cfg
+        p = self.window
         return Load(concurrency=clients, duration_s=seconds or p.duration_s, warmup_s=p.warmup_s, drain_s=p.drain_s)
 
 

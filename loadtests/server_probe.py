@@ -134,7 +134,7 @@ def probe(state_dir: Path, log: Callable[[str], None], url: str | None = None) -
     return traits
 
 
-def known(state_dir: Path, log: Callable[[str], None]) -> ServerTraits:
+def probe_once(state_dir: Path, log: Callable[[str], None]) -> ServerTraits:
     """The bundled server's traits: from the cache, or probed now (once per server version), and
     what they mean for the configs a tuner may propose, logged."""
     traits = server_traits.cached_local(find_install().fingerprint)
