@@ -195,9 +195,15 @@ def verdict(out: Outcome, load: Load, entrant: str, engine: str, p95_ms: float, 
 
 
 def bracket(name: str, capacity: float, measure: Callable[[str, float], Run]) -> float:
-    """A claim for an entrant without one: the first rate that holds, down from its capacity in
-    START_ABOVE steps (a closed loop's capacity is far above what an open loop holds within an SLO)."""
-    rate = capacity
+    """A claim for an entrant without one, in START_ABOVE steps: down from its capacity to the first
+    rate that holds, or, where the capacity itself holds (a closed loop that the client, not the
+    server, limited), up to the last rate that holds."""
+    if measure(name, capacity).held:
+        rate = capacity
+        while measure(name, rate * START_ABOVE).held:
+            rate *= START_ABOVE
+        return rate
+    rate = capacity / START_ABOVE
     while rate > capacity / FLOOR_BELOW:
         if measure(name, rate).held:
             return rate

@@ -908,3 +908,17 @@ def test_a_winner_that_batches_as_the_start_did_is_kept_not_a_change():
     assert Tuning(Objective(SLO_MS), start, protected, None, 16).kept  # a new queue policy alone moves nothing
     moved = Score(Knobs(8, 2000, 2), 600.0, 600.0, None)
     assert not Tuning(Objective(SLO_MS), start, moved, None, 16).kept
+
+
+def test_the_judge_brackets_a_claim_from_a_capacity_either_side_of_it():
+    """Without a claim, the judge starts from the entrant's closed-loop capacity: down in 15% steps
+    to the first rate that holds, or up while it holds where the client limited that capacity."""
+    from tritonkit.benchmarks.judge import START_ABOVE, Run, bracket
+
+    def measure_until(edge: float):
+        return lambda name, rate: Run(name, rate, "fake", 100, rate, 10.0, 0.0, rate <= edge)
+
+    below = bracket("x", 1000.0, measure_until(700.0))
+    assert 700.0 / START_ABOVE < below <= 700.0
+    above = bracket("x", 1000.0, measure_until(1600.0))
+    assert 1600.0 / START_ABOVE < above <= 1600.0

@@ -232,3 +232,32 @@ def _reset(served, model: str) -> None:
     cfg = parse((served.repo / model / "config.pbtxt").read_text())
     with served.client() as c:
         c.load(model, cfg)
+
+
+def test_trials_measured_by_perf_analyzer_fall_back_for_what_it_cannot_send(workdir):
+    """`tune --engine perf_analyzer`: a one-class trial is measured by perf_analyzer, a trial with
+    several request classes by the asyncio client, and both give the tuner the same record."""
+    from tritonkit.configs.generate import generate
+    from tritonkit.configs.loader import load_spec
+    from tritonkit.loadtests.load import RequestClass
+    from tritonkit.tuner.knobs import Knobs
+    from tritonkit.tuner.trials import LocalServer, Trials, TrialWindow
+
+    spec_path = write_spec(workdir, SLOW_SPEC)
+    repo = workdir / "repo"
+    generate(load_spec(spec_path, repo), repo)
+    spec = load_spec(spec_path)
+    server = LocalServer(spec, repo, workdir / "state", "tunable", lambda s: None)
+    server.start()
+    try:
+        trials = Trials(server, spec, repo, "tunable", target_p95_ms=50, max_error_ratio=0.01,
+                        window=TrialWindow(warmup_s=0.5, duration_s=1.5, drain_s=1, max_s=1.5,
+                                           engine="perf_analyzer"), log=print)
+        one = trials.run(Knobs(8, 500, 1), trials.open_load(100), "pa")
+        assert one.engine == "perf_analyzer" and one.requests > 100 and one.p95_ms is not None and one.passed, one
+        assert one.stalled_ms == 0  # perf_analyzer's samples: no event loop of ours to stall
+        two = trials.run(Knobs(8, 500, 1), trials.open_load(100), "classes",
+                         [RequestClass("a", 1, 0), RequestClass("b", 1, 0)])
+        assert two.engine == "asyncio" and two.requests > 100 and two.p95_ms is not None, two
+    finally:
+        server.close()

@@ -72,6 +72,7 @@ class Trial:
     offered: bool = True  # False when the generator could not send the trial's rate (nothing to judge)
     error_ratio: float = 0.0
     errors: dict = field(default_factory=dict)
+    engine: str = ""  # the client that measured it
     mean_batch: float | None = None
     passed: bool = False
     seconds: float = 0.0
@@ -158,7 +159,7 @@ class Trials:
             try:
                 # run_load reads Triton's statistics at the window's edges: the cost model's input too
                 classes = classes or [RequestClass()]
-                out = self._send(load, classes)
+                out, trial.engine = self._send(load, classes)
                 self._fill(trial, build_result(self.model, load, classes, out), out)
                 trial.batch_stats = (out.stats_before or {}, out.stats_after or {})
                 self.good = k
@@ -178,12 +179,12 @@ class Trials:
                  f"{'pass' if trial.passed else 'fail'}{'  (' + trial.note + ')' if trial.note else ''}")
         return trial
 
-    def _send(self, load: Load, classes: list[RequestClass]) -> Outcome:
+    def _send(self, load: Load, classes: list[RequestClass]) -> tuple[Outcome, str]:
         url = self.server.r.endpoints.grpc
         if self.window.engine == "perf_analyzer" and classes == [RequestClass()]:
             with contextlib.suppress(PerfAnalyzerStopped):
-                return run_pa(url, self.model, load, classes, input_data=self.input_data, log=self.log)
-        return asyncio.run(run_load(url, self.model, load, classes, input_data=self.input_data))
+                return run_pa(url, self.model, load, classes, input_data=self.input_data, log=self.log), "perf_analyzer"
+        return asyncio.run(run_load(url, self.model, load, classes, input_data=self.input_data)), "asyncio"
 
     def _fill(self, t: Trial, result: dict, out: Outcome) -> None:
         o = result["overall"]
