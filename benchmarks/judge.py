@@ -174,7 +174,7 @@ def measure_once(url: str, name: str, entrant: str, rate: float, seconds: float,
     load = Load(rate=rate, duration_s=seconds, warmup_s=1.0)
     engine = "perf_analyzer"
     try:
-        out = run_pa(url, name, load, log=lambda s: None)
+        out = run_pa(url, name, load, shared_memory=True, log=lambda s: None)
     except PerfAnalyzerStopped:
         engine = FALLBACK
         out = asyncio.run(run_load(url, name, load))
@@ -217,7 +217,7 @@ def calibrate(url: str, name: str, m: ModelSpec, log: Callable[[str], None]) -> 
     clients = 2 * max(1, m.max_batch_size) * m.instances.count
     load = Load(concurrency=clients, duration_s=CALIBRATION_S, warmup_s=1.0)
     try:
-        out = run_pa(url, name, load, log=lambda s: None)
+        out = run_pa(url, name, load, shared_memory=True, log=lambda s: None)
     except PerfAnalyzerStopped:  # its queue policy refused some: count what it served
         out = asyncio.run(run_load(url, name, load))
     rate = sum(1 for s in out.samples if s.latency_s is not None) / CALIBRATION_S
@@ -245,9 +245,11 @@ def format_judged(j: dict) -> str:
         return "\n".join(lines)
     lines = [f"the judge: perf_analyzer, Poisson, {j['rounds']} rounds of {j['seconds']:g} s runs, P95 <= "
              f"{j['p95_ms']:g} ms and errors <= {j['max_errors']:.0%}",
-             f"{'entrant':<18}{'req/s':>8}{'spread':>8}   rounds (req/s)          runs  by asyncio"]
+             f"{'entrant':<18}{'req/s':>8}{'spread':>8}   rounds (req/s)          runs  by asyncio  at start"]
     for name, s in j["entrants"].items():
         spread = "-" if s["spread"] is None else f"{s['spread']:.0%}"
         rounds = ", ".join(f"{x:.0f}" for x in s["rounds_rps"])
-        lines.append(f"{name:<18}{s['rps']:>8.0f}{spread:>8}   {rounds:<24}{s['runs']:>4}{s['fallback_runs']:>11}")
+        lines.append(f"{name:<18}{s['rps']:>8.0f}{spread:>8}   {rounds:<24}{s['runs']:>4}{s['fallback_runs']:>11}"
+                     f"{s['held_at_start']:>10}")
+    lines.append("(at start: rounds that held at their first rate, whose figure is only a lower bound)")
     return "\n".join(lines)

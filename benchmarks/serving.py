@@ -113,7 +113,7 @@ def served(url: str, model: str, timings_dir: Path, clients: int, seconds: float
     load = Load(concurrency=clients, duration_s=seconds, warmup_s=0.5)
     t0 = runner_timings.read(timings_dir, f"{model}_")
     if client == "perf_analyzer":
-        out = run_pa(url, model, load, [RequestClass()], log=lambda s: None)
+        out = run_pa(url, model, load, [RequestClass()], shared_memory=True, log=lambda s: None)
     else:
         out = asyncio.run(run_load(url, model, load, [RequestClass()]))
     runner = runner_timings.delta(t0, runner_timings.read(timings_dir, f"{model}_"))

@@ -14,9 +14,12 @@ Python generator. The kit drives it so that its numbers mean what the other engi
   output values into that export (66 KB a request for the sample model: gigabytes, and as much of
   PA's memory, at a few thousand requests a second), so it is read through a pipe, keeping the two
   timestamps and never touching the disk;
-- against a server on this machine, tensors go through system shared memory, as Triton users run
-  PA on one host: it takes less of the cores the server shares, and the export then records no
-  tensor values (a few hundred bytes a request). A server elsewhere gets them over gRPC.
+- tensors go over gRPC, as a production client sends them, so PA's numbers compare with the other
+  engines'. Where the kit uses PA as its cheapest client (the judge, tuner trials, the serving
+  bench) and the server is on this machine, `shared_memory` passes them through system shared
+  memory instead, as Triton users run PA on one host: it takes less of the cores the server
+  shares, and the export then records no tensor values (a few hundred bytes a request, where
+  gigabytes would pass through PA's memory at thousands of requests a second).
 PA gives up on a measurement at the first failed request (a full queue, a queue timeout): the run
 then raises `PerfAnalyzerStopped` with Triton's own count of what it served and refused.
 """
@@ -79,7 +82,7 @@ def check_classes(classes: list[RequestClass]) -> RequestClass:
 
 
 def run_pa(url: str, model: str, load: Load, classes: list[RequestClass] | None = None, *,
-           input_data: Path | None = None, seed: int = 0, log=print) -> Outcome:
+           input_data: Path | None = None, seed: int = 0, shared_memory: bool = False, log=print) -> Outcome:
     """Send `load` to `model` at the gRPC `url` with perf_analyzer; the steady window's samples and
     Triton's statistics around it, as the other engines give them."""
     cls = check_classes(classes or [RequestClass()])
@@ -94,7 +97,7 @@ def run_pa(url: str, model: str, load: Load, classes: list[RequestClass] | None 
         samples = [sampler(1) for _ in range(count)]
         with tempfile.TemporaryDirectory(prefix="tritonkit-pa-") as tmp:
             args = _arguments(model, url, load, cls, samples, sampler.batched, Path(tmp), seed)
-            if _local(url) and not any(m.datatype == "BYTES" for m in (*meta.inputs, *meta.outputs)):
+            if shared_memory and _local(url) and not any(m.datatype == "BYTES" for m in (*meta.inputs, *meta.outputs)):
                 args += ["--shared-memory", "system", "--output-shared-memory-size",
                          str(_output_bytes(client, model, samples, cls.batch, sampler.batched))]
             return _measure(pa, args, client, model, load, cls, Path(tmp) / "export.fifo")

@@ -183,7 +183,8 @@ class Trials:
         url = self.server.r.endpoints.grpc
         if self.window.engine == "perf_analyzer" and classes == [RequestClass()]:
             with contextlib.suppress(PerfAnalyzerStopped):
-                return run_pa(url, self.model, load, classes, input_data=self.input_data, log=self.log), "perf_analyzer"
+                return (run_pa(url, self.model, load, classes, input_data=self.input_data, shared_memory=True,
+                               log=self.log), "perf_analyzer")
         return asyncio.run(run_load(url, self.model, load, classes, input_data=self.input_data)), "asyncio"
 
     def _fill(self, t: Trial, result: dict, out: Outcome) -> None:
