@@ -28,7 +28,7 @@ from .load import load_model, sha256_file
 from .plan import MIB, Plan, make_plan, model_at
 from .prepare import REFUSE_FIX, prepare
 from .trt_build import EngineBuildError, build_engine, verify_engine
-from .verify import VerifyError, summary, verify_prepared
+from .verify import VerifyError, rules_of, summary, verify_prepared
 
 DEFAULT_CACHE = Path(".tritonkit/trt-cache")  # outside the repository: Triton would take a folder there for a model
 
@@ -178,7 +178,8 @@ def _check_io(file: str, at: str, m: ModelSpec, model: onnx.ModelProto) -> None:
 
 def _verify(file: str, at: str, m: ModelSpec, original, prepared, plan: Plan):
     try:
-        checks = verify_prepared(original, prepared.model, plan, prepared.static_batch, m.build.atol, m.build.rtol)
+        checks = verify_prepared(original, prepared.model, plan, prepared.static_batch, m.build.atol, m.build.rtol,
+                                 rules=rules_of(m))
     except VerifyError as e:
         if prepared.static_batch:
             inside = (f" (it has subgraphs, {', '.join(prepared.subgraphs)}: shapes pinned to batch 1 inside "
@@ -227,7 +228,7 @@ def _engine(spec: Spec, m: ModelSpec, prepared, prepared_bytes: bytes, plan: Pla
         if cap >= plan.max_batch:
             cap = plan.max_batch - 1
         plan = make_plan(spec, m, prepared.model, cap=cap)
-    checks = verify_engine(engine.data, prepared.model, plan, m.build.atol, m.build.rtol)
+    checks = verify_engine(engine.data, prepared.model, plan, m.build.atol, m.build.rtol, rules=rules_of(m))
     bad = [c for c in checks if not c.passed]
     if bad:
         c = bad[0]

@@ -104,7 +104,8 @@ def device_memory(data: bytes, n_profiles: int) -> int:
     return int(getattr(engine, "device_memory_size_v2", getattr(engine, "device_memory_size", 0)))
 
 
-def verify_engine(data: bytes, onnx_model, plan: Plan, atol: float, rtol: float, seed: int = 0):
+def verify_engine(data: bytes, onnx_model, plan: Plan, atol: float, rtol: float, seed: int = 0,
+                  rules: dict | None = None):
     """The engine against ONNX Runtime on the prepared ONNX, through Polygraphy's runners, at every
     profile's min/opt/max shapes (each run on its own profile)."""
     from polygraphy.backend.onnxrt import OnnxrtRunner
@@ -116,7 +117,7 @@ def verify_engine(data: bytes, onnx_model, plan: Plan, atol: float, rtol: float,
     with ort_runner:
         for i, label, shapes in plan.shape_points():
             profile = int(label.split()[1]) if label.startswith("profile") else 0
-            feed = random_feed(shapes, plan.dtypes, seed + i)
+            feed = random_feed(shapes, plan.dtypes, seed + i, rules)
             with TrtRunner(engine, optimization_profile=profile) as trt_runner:
                 got = {k: v.copy() for k, v in trt_runner.infer(feed).items()}
             want = ort_runner.infer(feed)

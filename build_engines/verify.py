@@ -13,6 +13,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from tritonkit.input_rules import InputRule
+from tritonkit.inputs import draw
+
 from .plan import Plan
 
 NP_DTYPES = {
@@ -36,12 +39,24 @@ class VerifyError(Exception):
     """A run failed outright (ONNX Runtime refused a shape): the graph does not take that range."""
 
 
-def random_feed(shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str], seed: int) -> dict[str, np.ndarray]:
+def rules_of(m) -> dict[str, InputRule]:
+    """The spec's value rules for a model's inputs (a ModelSpec's `inputs`), by name."""
+    return {t.name: InputRule(t.name, t.dtype or "FP32", tuple(t.dims or ()), values=t.values, value=t.value)
+            for t in m.inputs}
+
+
+def random_feed(shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str], seed: int,
+                rules: dict[str, InputRule] | None = None) -> dict[str, np.ndarray]:
+    """Inputs for one shape point: an input the spec gives a `value` or `values` is drawn by the
+    one sampler's rule (tritonkit/inputs.py), as every request is; the others at random."""
     rng = np.random.default_rng(seed)
     feed = {}
     for name, shape in shapes.items():
         dt = np.dtype(NP_DTYPES[dtypes[name]])
-        if dt.kind == "f":
+        rule = (rules or {}).get(name)
+        if rule is not None and (rule.value is not None or rule.values is not None):
+            feed[name] = draw(rule, shape, rng).astype(dt)
+        elif dt.kind == "f":
             feed[name] = rng.standard_normal(shape).astype(dt)
         elif dt.kind == "b":
             feed[name] = rng.integers(0, 2, shape).astype(dt)
@@ -93,12 +108,12 @@ def compare(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], atol
 
 
 def verify_prepared(original: onnx.ModelProto, prepared: onnx.ModelProto, plan: Plan, static_batch: bool,
-                    atol: float, rtol: float, seed: int = 0) -> list[Check]:
+                    atol: float, rtol: float, seed: int = 0, rules: dict[str, InputRule] | None = None) -> list[Check]:
     """Every profile's min/opt/max, prepared vs original. Raises VerifyError when a run fails."""
     ref, new = session(original), session(prepared)
     checks = []
     for i, label, shapes in plan.shape_points():
-        feed = random_feed(shapes, plan.dtypes, seed + i)
+        feed = random_feed(shapes, plan.dtypes, seed + i, rules)
         got = run(new, feed, "the prepared graph")
         if static_batch:
             rows = [run(ref, {k: v[b:b + 1] for k, v in feed.items()}, "the original graph")

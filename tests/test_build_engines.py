@@ -564,3 +564,47 @@ def test_engine_with_length_buckets_maps_every_profile_to_the_instances(tmp_path
     assert res.returncode == 0, res.stdout + res.stderr
     cfg = parse((tmp_path / "repo/s/config.pbtxt").read_text())
     assert list(cfg.instance_group[0].profile) == ["0", "1"]
+
+
+def _rate_gated(path: Path) -> Path:
+    """x [N, 4] and a scalar sample rate: at 16000 the If doubles x; any other rate reshapes it to
+    rows of 3, which no planned shape can take. A spec that says `value: 16000` never sends those."""
+    def branch(name: str, nodes, extra=()) -> onnx.GraphProto:
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT,
+                                                                                   None)], initializer=list(extra))
+
+    then = branch("at16k", [helper.make_node("Add", ["x", "x"], ["at16k_y"])])
+    other = branch("other", [helper.make_node("Reshape", ["x", "rows3"], ["other_y"])],
+                   [numpy_helper.from_array(np.array([-1, 3], np.int64), "rows3")])
+    graph = helper.make_graph(
+        [helper.make_node("Equal", ["sr", "sr16k"], ["is16k"]),
+         helper.make_node("If", ["is16k"], ["y"], then_branch=then, else_branch=other)],
+        "rate_gated",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(np.array(16000, np.int64), "sr16k")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_build_verifies_with_the_values_the_spec_gives(tmp_path):
+    """Build's verification draws inputs by the same rules as every request: with `value: 16000`
+    it runs the branch production runs and verifies; without it, the other branch fails there."""
+    _rate_gated(tmp_path / "gated.onnx")
+    inputs = [{"name": "x", "dims": [-1, 4], "min": [1, 4], "opt": [2, 4], "max": [5, 4]},
+              {"name": "sr", "dims": [], "value": 16000}]
+    spec = write_spec(tmp_path, {"models": [{"name": "gated", "onnx": "gated.onnx", "max_batch_size": 0,
+                                             "inputs": inputs}]})
+    res = tritonkit("build", "--spec", str(spec), "--out", str(tmp_path / "repo"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    record = json.loads((tmp_path / "repo/gated/build/build.json").read_text())
+    assert record["verify"]["checks"] and all(c["passed"] for c in record["verify"]["checks"])
+
+    inputs[1].pop("value")
+    spec = write_spec(tmp_path, {"models": [{"name": "gated", "onnx": "gated.onnx", "max_batch_size": 0,
+                                             "inputs": inputs}]})
+    res = tritonkit("build", "--spec", str(spec), "--out", str(tmp_path / "repo2"))
+    assert res.returncode != 0 and "Traceback" not in res.stderr, res.stdout + res.stderr

@@ -61,17 +61,7 @@ class Sampler:
         return rule.default_shape()
 
     def _draw(self, rule: InputRule, shape: tuple[int, ...]) -> np.ndarray:
-        dtype = rule.numpy_dtype
-        if rule.value is not None:
-            return np.full(shape, rule.value, dtype=dtype)
-        if dtype is np.object_:
-            return np.full(shape, b"x", dtype=np.object_)
-        if np.issubdtype(dtype, np.floating):
-            return self.rng.standard_normal(shape).astype(dtype)
-        if rule.values is not None:
-            low, high = int(rule.values[0]), int(rule.values[1])
-            return self.rng.integers(low, high + 1, shape).astype(dtype)
-        return np.zeros(shape, dtype=dtype)
+        return draw(rule, shape, self.rng)
 
     def __call__(self, batch: int = 1) -> dict[str, np.ndarray]:
         if self.samples:
@@ -100,6 +90,22 @@ class Sampler:
             picked.append(nxt)
             self._next += 1
         return {name: np.stack([p[name] for p in picked]) for name in first}
+
+
+def draw(rule: InputRule, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """One input's values by its rule: the constant `value`, integers and booleans uniform within
+    `values` (else zero), floats standard-normal."""
+    dtype = rule.numpy_dtype
+    if rule.value is not None:
+        return np.full(shape, rule.value, dtype=dtype)
+    if dtype is np.object_:
+        return np.full(shape, b"x", dtype=np.object_)
+    if np.issubdtype(dtype, np.floating):
+        return rng.standard_normal(shape).astype(dtype)
+    if rule.values is not None:
+        low, high = int(rule.values[0]), int(rule.values[1])
+        return rng.integers(low, high + 1, shape).astype(dtype)
+    return np.zeros(shape, dtype=dtype)
 
 
 def sampler_for(rules: list[InputRule], batched: bool, input_data: Path | None = None, seed: int = 0) -> Sampler:
