@@ -38,7 +38,7 @@ from tritonkit.configs.generate import generate
 from tritonkit.errors import InputError, KitError, Problem
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests import pa_install
-from tritonkit.loadtests.pa_run import _sample_json
+from tritonkit.loadtests.pa_run import sample_json
 from tritonkit.server import LocalTriton
 from tritonkit.spec import Batching, Instances, ModelSpec, ServerSpec, Spec
 
@@ -94,7 +94,7 @@ def run_model_analyzer(spec: Spec, model: str, work: Path, *, p95_ms: float, max
             pa = pa_install.find(c.server_version(), log=log)
             meta = c.metadata(model)
             sampler = meta.sampler(None, 0)
-            samples = [_sample_json(sampler(1), sampler.batched) for _ in range(INPUT_SAMPLES if sampler.varies else 1)]
+            samples = [sample_json(sampler(1), sampler.batched) for _ in range(INPUT_SAMPLES if sampler.varies else 1)]
             c.unload(model)
         data = work / "input_data.json"
         data.write_text(json.dumps({"data": samples}))

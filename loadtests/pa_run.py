@@ -55,7 +55,6 @@ GENERATED_SAMPLES = 16  # distinct payloads where the rules vary the shape
 _PAIR = re.compile(rb'"timestamp":(\d+)|"response_timestamps":\[(\d*)')
 _DELAYED = re.compile(r"([\d.]+)% of the requests were delayed")
 _THREAD_ERROR = re.compile(r"Thread \[\d+\] had error: (.+)")
-_PASS = re.compile(r"Pass \[(\d+)\] throughput: ([\d.]+) infer/sec\. p95 latency: (\d+) usec")
 
 
 @dataclass
@@ -66,8 +65,6 @@ class PerfAnalyzerStopped(KitError):
     served: int
     failed: int
     kinds: dict[str, str] = field(default_factory=dict)  # kind -> PA's first message of that kind
-    passes: list[dict] = field(default_factory=list)  # the windows PA finished: rate and P95 each
-    seconds: float = 0.0
 
     def __str__(self) -> str:
         return self.message
@@ -106,7 +103,7 @@ def run_pa(url: str, model: str, load: Load, classes: list[RequestClass] | None 
 def _arguments(model: str, url: str, load: Load, cls: RequestClass, samples: list[dict[str, np.ndarray]],
                batched: bool, tmp: Path, seed: int) -> list[str]:
     data = tmp / "input_data.json"
-    data.write_text(json.dumps({"data": [_sample_json(s, batched) for s in samples]}))
+    data.write_text(json.dumps({"data": [sample_json(s, batched) for s in samples]}))
     window_ms = math.ceil(1000 * (load.warmup_s + load.duration_s + 0.5) / (WINDOWS * WINDOW_SLEEP))
     args = ["-m", model, "-u", url, "-i", "grpc", "--async", "-b", str(cls.batch), "--input-data", str(data),
             "--measurement-mode", "time_windows", "-p", str(window_ms), "--max-trials", str(WINDOWS),
@@ -152,7 +149,7 @@ def schedule_gaps(load: Load, seed: int = 0) -> list[float]:
     return gaps
 
 
-def _sample_json(arrays: dict[str, np.ndarray], batched: bool) -> dict:
+def sample_json(arrays: dict[str, np.ndarray], batched: bool) -> dict:
     out = {}
     for name, a in arrays.items():
         one = a[0] if batched else a
@@ -209,15 +206,13 @@ def _measure(pa: pa_install.PerfAnalyzer, args: list[str], client: Client, model
         if m := _THREAD_ERROR.search(line):
             errors.setdefault(classify(Exception(m.group(1))).kind, m.group(1).strip())
     if proc.returncode != 0:
-        passes = [{"window": int(m.group(1)), "rps": float(m.group(2)), "p95_ms": int(m.group(3)) / 1e3}
-                  for line in lines if (m := _PASS.search(line))]
         said = "; ".join(f"{k}: {v}" for k, v in errors.items()) or next(
             (x for x in reversed(lines) if x.strip()), f"exit code {proc.returncode}")
         raise PerfAnalyzerStopped(
             f"perf_analyzer stopped the measurement ({said}); it does not go on past a failed request. After the "
             f"warm-up Triton served {served} of this model's requests and timed out {failed} (it does not count "
             f"queue-full refusals); to measure a load that is refused in part use --engine asyncio",
-            served, failed, errors, passes, round(out.wall_s, 2))
+            served, failed, errors)
     _fill(out, pairs, load, cls.name, failed, next(iter(errors), "other"))
     for line in lines:
         if m := _DELAYED.search(line):
@@ -287,10 +282,4 @@ def _unblock(fifo: Path) -> None:
         os.close(fd)
     except OSError:
         pass  # no reader waiting: it already finished
-
-
-def p95_of_passes(stopped: PerfAnalyzerStopped) -> float | None:
-    """The highest P95 of the windows PA finished before it stopped: a bound on the pooled P95."""
-    p95s = [p["p95_ms"] for p in stopped.passes]
-    return max(p95s) if p95s else None
 
