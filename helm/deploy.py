@@ -36,7 +36,7 @@ class DeployResult:
 
 
 def build_engines(spec: Spec, repo: Path, log: Callable[[str], None]) -> None:
-    """TensorRT engines where a GPU is (issue 6: deploy builds engines, it does not replace
+    """TensorRT engines where a GPU is (deploy builds engines by the same code, it does not replace
     `tritonkit build`), and their NGC configs; without one, a graph `tritonkit build` prepared
     earlier is still what the configs serve, through configs.loader."""
     # build_engines' own test (driver + TensorRT >= 10), not a device-node check: Jetson has no /dev/nvidia0.

@@ -4,6 +4,7 @@ online it follows a load that steps up and down, and it never leaves a bad confi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -85,15 +86,13 @@ def test_a_second_tuner_on_the_same_repository_is_refused(workdir, probed):
     assert done.returncode == 1 and "another tuner" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_refused_candidate_and_killed_server_end_with_the_last_known_good_config(workdir, probed):
-    """A candidate Triton refuses (a GPU instance on a CPU machine) and a server killed in the
-    middle of a trial: both leave the last-known-good config in the repository and serving."""
-    from dataclasses import replace
-
+@contextlib.contextmanager
+def tunable_trials(workdir, target_p95_ms: float, window):
+    """SLOW_SPEC's model generated and served by the tuner's own server, with Trials on it; the
+    server is always stopped."""
     from tritonkit.configs.generate import generate
     from tritonkit.configs.loader import load_spec
-    from tritonkit.tuner.knobs import Knobs
-    from tritonkit.tuner.trials import LocalServer, Trials, TrialWindow
+    from tritonkit.tuner.trials import LocalServer, Trials
 
     spec_path = write_spec(workdir, SLOW_SPEC)
     repo = workdir / "repo"
@@ -102,8 +101,22 @@ def test_refused_candidate_and_killed_server_end_with_the_last_known_good_config
     server = LocalServer(spec, repo, workdir / "state", "tunable", lambda s: None)
     server.start()
     try:
-        trials = Trials(server, spec, repo, "tunable", target_p95_ms=12, max_error_ratio=0.01,
-                        window=TrialWindow(warmup_s=0.2, duration_s=1.5, drain_s=1, max_s=1.5), log=print)
+        yield Trials(server, spec, repo, "tunable", target_p95_ms=target_p95_ms, max_error_ratio=0.01,
+                     window=window, log=print)
+    finally:
+        server.close()
+
+
+def test_refused_candidate_and_killed_server_end_with_the_last_known_good_config(workdir, probed):
+    """A candidate Triton refuses (a GPU instance on a CPU machine) and a server killed in the
+    middle of a trial: both leave the last-known-good config in the repository and serving."""
+    from dataclasses import replace
+
+    from tritonkit.tuner.knobs import Knobs
+    from tritonkit.tuner.trials import TrialWindow
+
+    with tunable_trials(workdir, 12, TrialWindow(warmup_s=0.2, duration_s=1.5, drain_s=1, max_s=1.5)) as trials:
+        server, spec, repo = trials.server, trials.spec, trials.repo
         good = Knobs(8, 500, 1)
         assert trials.run(good, trials.open_load(100), "good").requests > 0
         cfg = repo / "tunable" / "config.pbtxt"
@@ -130,8 +143,6 @@ def test_refused_candidate_and_killed_server_end_with_the_last_known_good_config
         with server.r.client() as c:
             assert c.config("tunable").dynamic_batching.max_queue_delay_microseconds == 500
             c.infer("tunable", c.metadata("tunable").random_inputs(1))
-    finally:
-        server.close()
 
 
 def test_online_follows_a_load_that_steps_up_and_down(served, tmp_path):
@@ -237,27 +248,15 @@ def _reset(served, model: str) -> None:
 def test_trials_measured_by_perf_analyzer_fall_back_for_what_it_cannot_send(workdir):
     """`tune --engine perf_analyzer`: a one-class trial is measured by perf_analyzer, a trial with
     several request classes by the asyncio client, and both give the tuner the same record."""
-    from tritonkit.configs.generate import generate
-    from tritonkit.configs.loader import load_spec
     from tritonkit.loadtests.load import RequestClass
     from tritonkit.tuner.knobs import Knobs
-    from tritonkit.tuner.trials import LocalServer, Trials, TrialWindow
+    from tritonkit.tuner.trials import TrialWindow
 
-    spec_path = write_spec(workdir, SLOW_SPEC)
-    repo = workdir / "repo"
-    generate(load_spec(spec_path, repo), repo)
-    spec = load_spec(spec_path)
-    server = LocalServer(spec, repo, workdir / "state", "tunable", lambda s: None)
-    server.start()
-    try:
-        trials = Trials(server, spec, repo, "tunable", target_p95_ms=50, max_error_ratio=0.01,
-                        window=TrialWindow(warmup_s=0.5, duration_s=1.5, drain_s=1, max_s=1.5,
-                                           engine="perf_analyzer"), log=print)
+    window = TrialWindow(warmup_s=0.5, duration_s=1.5, drain_s=1, max_s=1.5, engine="perf_analyzer")
+    with tunable_trials(workdir, 50, window) as trials:
         one = trials.run(Knobs(8, 500, 1), trials.open_load(100), "pa")
         assert one.engine == "perf_analyzer" and one.requests > 100 and one.p95_ms is not None and one.passed, one
         assert one.stalled_ms == 0  # perf_analyzer's samples: no event loop of ours to stall
         two = trials.run(Knobs(8, 500, 1), trials.open_load(100), "classes",
                          [RequestClass("a", 1, 0), RequestClass("b", 1, 0)])
         assert two.engine == "asyncio" and two.requests > 100 and two.p95_ms is not None, two
-    finally:
-        server.close()
