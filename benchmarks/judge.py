@@ -83,7 +83,7 @@ def judge(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, p95_ms
           rounds: int = 3, seconds: float = 5.0, floor_rps: float | None = None,
           log: Callable[[str], None] = print) -> dict:
     """Each entrant's sustained rate under the SLO, `rounds` times, by the rule above; an entrant
-    that holds nothing down to `floor_rps` (default: FLOOR_BELOW under the lowest start) scores 0."""
+    that holds nothing down to `floor_rps` (default: FLOOR_BELOW under its own claim) scores 0."""
     runs: list[Run] = []
     with served_side_by_side(spec, model, entrants, work, log) as url:
         measure = _measurer(url, model, runs, seconds, p95_ms, max_errors, log)
