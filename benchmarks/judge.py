@@ -32,6 +32,7 @@ from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, Outcome, generator_health
 from tritonkit.loadtests.pa_run import PerfAnalyzerStopped, run_pa
 from tritonkit.serving import running
+from tritonkit.slo import meets
 from tritonkit.spec import ModelSpec, ServerSpec, Spec
 from tritonkit.stats import percentile
 
@@ -189,7 +190,7 @@ def verdict(out: Outcome, load: Load, entrant: str, engine: str, p95_ms: float, 
     p95 = percentile(ok, 95) if ok else None
     errors = (n - len(ok)) / n if n else 1.0
     health = generator_health(load, out)
-    held = bool(ok) and p95 <= p95_ms and errors <= max_errors and not health["saturated"]
+    held = meets(p95, p95_ms, errors, max_errors) and not health["saturated"]
     return Run(entrant, round(load.rate, 1), engine, n, round(len(ok) / load.duration_s, 1),
                None if p95 is None else round(p95, 3), round(errors, 4), held, health["warning"] or "")
 

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
 
 from tritonkit.files import write_bytes_atomic  # noqa: E402
+from tritonkit.slo import meets  # noqa: E402
 
 MAX_ERROR_RATE = 0.01  # a setting that drops more than 1% of requests is not a candidate
 REQUIRED_KEYS = ("max_batch_size", "max_queue_delay_us", "requests", "throughput_rps", "p95_ms", "p99_ms")
@@ -59,7 +60,7 @@ def recommend(rows: Sequence[Row], slo_p95_ms: float | None, memory_budget_mb: f
     rss_limit = memory_budget_mb * (1 - headroom) if memory_budget_mb is not None else None
     checks = {
         "errors": _error_rate_ok,
-        "slo": lambda r: slo_p95_ms is None or r["p95_ms"] <= slo_p95_ms,
+        "slo": lambda r: meets(r["p95_ms"], slo_p95_ms),
         # A row without a memory reading cannot be shown to fit, so it does not.
         "memory": lambda r: rss_limit is None or (r.get("peak_rss_mb") is not None and r["peak_rss_mb"] <= rss_limit),
     }

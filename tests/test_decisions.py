@@ -922,3 +922,12 @@ def test_the_judge_brackets_a_claim_from_a_capacity_either_side_of_it():
     assert 700.0 / START_ABOVE < below <= 700.0
     above = bracket("x", 1000.0, measure_until(1600.0))
     assert 1600.0 / START_ABOVE < above <= 1600.0
+
+
+def test_one_check_against_the_slo():
+    from tritonkit.slo import meets
+
+    assert meets(24.9, 25.0) and meets(25.0, 25.0, 0.01, 0.01)
+    assert not meets(25.1, 25.0) and not meets(10.0, 25.0, 0.02, 0.01)
+    assert not meets(None, 25.0) and not meets(float("nan"), None)  # nothing succeeded: meets nothing
+    assert meets(80.0, None)  # no limit: any P95 that exists

@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 
+from tritonkit.slo import meets
 from tritonkit.stats import percentile
 from tritonkit.tuner.noise import RUNS
 from tritonkit.tuner.trials import Trial
@@ -37,7 +38,7 @@ def pooled_verdict(runs: list[Trial], limit_ms: float, max_error_ratio: float) -
     if len(runs) < RUNS:
         return None
     p = pooled(runs)
-    return p.p95_ms is not None and p.p95_ms <= limit_ms and p.error_ratio <= max_error_ratio
+    return meets(p.p95_ms, limit_ms, p.error_ratio, max_error_ratio)
 
 
 def pooled(runs: list[Trial], passed: bool | None = None) -> Trial:

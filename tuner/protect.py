@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from tritonkit.loadtests.load import RequestClass
 from tritonkit.server_traits import ServerTraits
+from tritonkit.slo import meets
 from tritonkit.spec import Batching, QueuePolicy
 from tritonkit.tuner.knobs import Knobs, max_instances
 from tritonkit.tuner.trials import Trial
@@ -107,4 +108,4 @@ def tightened(k: Knobs) -> Knobs:
 
 def overload_holds(t: Trial, capacity: float, slo_p95_ms: float) -> bool:
     """Did a config keep serving about its capacity within the SLO while more load arrived?"""
-    return t.p95_ms is not None and t.p95_ms <= slo_p95_ms and t.ok_rps >= OVERLOAD_GOODPUT * capacity
+    return meets(t.p95_ms, slo_p95_ms) and t.ok_rps >= OVERLOAD_GOODPUT * capacity

@@ -24,6 +24,7 @@ from tritonkit.loadtests.pa_run import PerfAnalyzerStopped, run_pa
 from tritonkit.loadtests.results import build_result
 from tritonkit.loadtests.stalls import without_stalls
 from tritonkit.serving import Running, running
+from tritonkit.slo import meets
 from tritonkit.spec import Spec
 from tritonkit.stats import percentile
 from tritonkit.tuner.apply import LiveConfig
@@ -216,8 +217,7 @@ class Trials:
         elif t.generator_limited:
             t.note = (f"generator-limited: stalled {t.stalled_ms:.0f} ms, client P95 {t.client_p95_ms:.1f} ms "
                       f"with its stalls")
-        t.passed = (t.p95_ms is not None and t.p95_ms <= self.target_p95_ms and t.error_ratio <= self.max_error_ratio
-                    and not short)
+        t.passed = meets(t.p95_ms, self.target_p95_ms, t.error_ratio, self.max_error_ratio) and not short
 
     def open_load(self, rate: float) -> Load:
         p = self.window
