@@ -33,7 +33,7 @@ from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.server_traits import ServerTraits
 from tritonkit.spec import Spec
-from tritonkit.tuner.knobs import Knobs, batch_sizes, from_spec, grid
+from tritonkit.tuner.knobs import Knobs, from_spec, grid, powers_of_two
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.noise import spread_of
 from tritonkit.tuner.offline import RATE_STEP, Score, Search, confirm
@@ -103,7 +103,7 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
                 return Trials(server, spec, repo, model, target_p95_ms=objective.target_p95_ms,
                               max_error_ratio=objective.max_error_ratio, window=window, log=log)
 
-            points = grid(batch_sizes(bound))
+            points = grid(powers_of_two(bound))
             log(f"==== the grid: {len(points)} configs")
             t0, grid_trials = time.perf_counter(), trials()
             screened = screen(grid_trials, points)

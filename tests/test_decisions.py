@@ -26,7 +26,7 @@ from tritonkit.loadtests.stalls import without_stalls
 from tritonkit.server_traits import ServerTraits
 from tritonkit.spec import Batching, ModelSpec, QueuePolicy
 from tritonkit.tuner.costmodel import CostModel
-from tritonkit.tuner.knobs import DELAYS_US, Knobs, batch_sizes, grid
+from tritonkit.tuner.knobs import DELAYS_US, Knobs, grid, powers_of_two
 from tritonkit.tuner.noise import Noise, clear, fitted_rate, majority, spread_of, wins
 from tritonkit.tuner.offline import RATE_STEP, Objective, Search, predict_p95
 from tritonkit.tuner.online import Controller, OnlineSettings, Window
@@ -121,7 +121,7 @@ def test_offline_search_finds_near_the_grid_best_within_its_budget():
     sim = SimulatedTrials()
     spec_knobs = Knobs(16, 8000, 1)
     tuning = Search(sim, Objective(SLO_MS), bound=16, max_trials=30, log=lambda s: None).run(spec_knobs)
-    grid_best = max(best_sustained(k) for k in grid(batch_sizes(16)))
+    grid_best = max(best_sustained(k) for k in grid(powers_of_two(16)))
     assert tuning.confirmed and tuning.best.passed
     assert tuning.best.rate >= 0.85 * grid_best, (tuning.best.rate, grid_best)
     assert tuning.best.rate >= tuning.baseline.rate  # never worse than the spec's own config
@@ -267,7 +267,7 @@ def test_on_a_noisy_machine_the_picks_are_stable_and_meet_the_slo():
     # percent above the true edge by luck, none by more than the noise of a pooled P95
     over = [predict_p95(WORLD, k, r) / SLO_MS for k, r in picks if predict_p95(WORLD, k, r) > SLO_MS]
     assert len(over) <= 1 and all(x <= 1.05 for x in over), over
-    assert median >= 0.75 * max(best_sustained(k) for k in grid(batch_sizes(16)))
+    assert median >= 0.75 * max(best_sustained(k) for k in grid(powers_of_two(16)))
 
 
 

@@ -20,6 +20,7 @@ from tritonkit.loadtests.results import format_result, write_result
 from tritonkit.serving import running
 from tritonkit.spec import Spec
 from tritonkit.stats import batch_histogram, summary_ms
+from tritonkit.tuner.knobs import powers_of_two
 from tritonkit.tuner.run import tune_offline
 from tritonkit.tuner.sweep import sweep
 from tritonkit.tuner.trials import TrialWindow
@@ -75,7 +76,7 @@ def run_demo(draft: Spec, repo: Path, state_dir: Path, requests: int = 2000, con
         js, _ = write_result(lt, out / "loadtest")
         say(f"wrote {js}")
 
-        sizes = [b for b in (1, 2, 4, 8, 16, 32) if b <= max(m.max_batch_size, 1)]
+        sizes = powers_of_two(min(max(m.max_batch_size, 1), 32))
         say(f"\n== 6/{STEPS} sweep over max batch sizes {sizes} at {rate:g} req/s, {seconds:g} s per row")
         files = sweep(r, spec, repo, model, Load(rate=rate, duration_s=seconds, warmup_s=1.0), out / "sweep",
                       batch_sizes=sizes, log=say)

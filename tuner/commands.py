@@ -11,17 +11,18 @@ from tritonkit.configs.steps import serve_configured
 from tritonkit.loadtests.commands import FREE_PORTS, load_args, load_from
 from tritonkit.server import read_state
 from tritonkit.spec import parse_spec
+from tritonkit.tuner.knobs import powers_of_two
 from tritonkit.tuner.online import OnlineSettings, run_online
 from tritonkit.tuner.run import tune_offline
 from tritonkit.tuner.settings import DEFAULT_MARGIN, TuneSettings
-from tritonkit.tuner.sweep import BATCH_SIZES, sweep
+from tritonkit.tuner.sweep import MAX_BATCH, sweep
 from tritonkit.tuner.trials import TrialWindow
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:
     load = load_from(a)
     spec = load_spec(a.spec, a.repo)
-    sizes = [b for b in BATCH_SIZES if b <= a.max_batch]
+    sizes = powers_of_two(a.max_batch)
     with serve_configured(spec, a.repo, a.state_dir, models=[a.model], ports=FREE_PORTS, log=say) as r:
         say(f"sweep over max batch sizes {sizes}: {load.describe()}")
         files = sweep(r, spec, a.repo, a.model, load, a.out, batch_sizes=sizes, delays_us=a.delay_us,
@@ -68,7 +69,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
 def register(sub) -> None:
     sp = sub.add_parser("sweep", help="batch-size sweep with plots and a recommendation")
     load_args(sp, "out/sweep")
-    sp.add_argument("--max-batch", type=int, default=64)
+    sp.add_argument("--max-batch", type=int, default=MAX_BATCH)
     sp.add_argument("--delay-us", type=int, action="append", help="queue delays to sweep (repeatable)")
     sp.set_defaults(func=cmd_sweep)
 

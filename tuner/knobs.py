@@ -94,7 +94,8 @@ def max_instances() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def batch_sizes(bound: int) -> list[int]:
+def powers_of_two(bound: int) -> list[int]:
+    """The batch ladder every search and sweep uses: 1, 2, 4 ... up to `bound`."""
     sizes, b = [], 1
     while b <= bound:
         sizes.append(b)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from tritonkit.server_traits import ServerTraits, stall_risk
 from tritonkit.spec import QueuePolicy
 from tritonkit.tuner.costmodel import CostModel, batch_points, delay_for, fit, parallelism
-from tritonkit.tuner.knobs import Knobs, batch_sizes, max_instances, neighbours, on_ladder
+from tritonkit.tuner.knobs import Knobs, max_instances, neighbours, on_ladder, powers_of_two
 from tritonkit.tuner.noise import RUNS, Noise, clear, fitted_rate, majority, wins
 from tritonkit.tuner.pooled import pooled, pooled_verdict
 from tritonkit.tuner.protect import (
@@ -309,7 +309,7 @@ class Search:
         """Every (batch, instances) with the delay its expected rate fills, best predicted first."""
         out = []
         for instances in range(1, max_instances() + 1):
-            for b in batch_sizes(self.bound) or [0]:  # 0: no batch axis
+            for b in powers_of_two(self.bound) or [0]:  # 0: no batch axis
                 if self.obj.rps:
                     rate = self.obj.rps
                     k = Knobs(b, on_ladder(delay_for(cm, b, rate, self.obj.slo_p95_ms)), instances)

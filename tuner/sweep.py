@@ -22,9 +22,9 @@ from tritonkit.loadtests.report import write_sweep_report
 from tritonkit.serving import Running
 from tritonkit.spec import Spec
 from tritonkit.tuner.apply import LiveConfig, Served
-from tritonkit.tuner.knobs import grid
+from tritonkit.tuner.knobs import grid, powers_of_two
 
-BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+MAX_BATCH = 64  # the sweep's default top row (the batch-size study's 1, 2, 4 ... 64)
 
 
 class PeakRss:
@@ -71,13 +71,14 @@ def row_from(result: dict, max_batch: int, delay_us: int, peak_mb: float) -> dic
 
 
 def sweep(r: Running, spec: Spec, repo: Path, model: str, load: Load, out_dir: Path, *,
-          batch_sizes=BATCH_SIZES, delays_us: list[int] | None = None, classes: list[RequestClass] | None = None,
+          batch_sizes: list[int] | None = None, delays_us: list[int] | None = None,
+          classes: list[RequestClass] | None = None,
           input_data: Path | None = None, log: Callable[[str], None] = print) -> dict[str, Path]:
     rows = []
     m = spec.model(model)
     preferred = m.batching.preferred_batch_sizes
-    points = grid(batch_sizes, delays_us or [m.batching.max_queue_delay_us], [m.instances.count],
-                  preferred_of=lambda b: [s for s in preferred if s <= b])
+    points = grid(batch_sizes or powers_of_two(MAX_BATCH), delays_us or [m.batching.max_queue_delay_us],
+                  [m.instances.count], preferred_of=lambda b: [s for s in preferred if s <= b])
     live = LiveConfig(Served(r), spec, repo, model)  # last-known-good: the spec's own config
     try:
         for k in points:
