@@ -213,6 +213,10 @@ def _measure(pa: pa_install.PerfAnalyzer, args: list[str], client: Client, model
             f"warm-up Triton served {served} of this model's requests and timed out {failed} (it does not count "
             f"queue-full refusals); to measure a load that is refused in part use --engine asyncio",
             served, failed, errors)
+    if not pairs:  # it ran, yet its export held no request: say what it printed rather than report nothing
+        said = " | ".join(x.strip() for x in lines[-6:] if x.strip())
+        raise KitError(f"perf_analyzer finished but its profile export held no request (exit {proc.returncode}; "
+                       f"Triton served {served} after the warm-up); it said: {said[:400]}")
     _fill(out, pairs, load, cls.name, failed, next(iter(errors), "other"))
     for line in lines:
         if m := _DELAYED.search(line):
