@@ -42,7 +42,7 @@ class VerifyError(Exception):
 def rules_of(m) -> dict[str, InputRule]:
     """The spec's value rules for a model's inputs (a ModelSpec's `inputs`), by name."""
     return {t.name: InputRule(t.name, t.dtype or "FP32", tuple(t.dims or ()), values=t.values, value=t.value)
-            for t in m.inputs}
+            for t in m.inputs or ()}
 
 
 def random_feed(shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str], seed: int,
