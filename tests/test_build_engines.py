@@ -571,7 +571,8 @@ def _rate_gated(path: Path) -> Path:
     rows of 3, which no planned shape can take. A spec that says `value: 16000` never sends those."""
     def branch(name: str, nodes, extra=()) -> onnx.GraphProto:
         return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT,
-                                                                                   None)], initializer=list(extra))
+                                                                                   ["rows", "cols"])],
+                                 initializer=list(extra))
 
     then = branch("at16k", [helper.make_node("Add", ["x", "x"], ["at16k_y"])])
     other = branch("other", [helper.make_node("Reshape", ["x", "rows3"], ["other_y"])],
@@ -582,7 +583,7 @@ def _rate_gated(path: Path) -> Path:
         "rate_gated",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
          helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", "cols"])],
         initializer=[numpy_helper.from_array(np.array(16000, np.int64), "sr16k")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
