@@ -19,7 +19,6 @@ on its first; the judge reports how many runs each entrant needed that for.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import statistics
@@ -28,9 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritonkit.configs.generate import generate
-from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, Outcome, generator_health
-from tritonkit.loadtests.pa_run import PerfAnalyzerStopped, run_pa
+from tritonkit.loadtests.measure import send_cheapest
 from tritonkit.serving import running
 from tritonkit.slo import meets
 from tritonkit.spec import ModelSpec, ServerSpec, Spec
@@ -173,13 +171,8 @@ def ladder(starts: dict[str, float], floors: dict[str, float], rounds: int, meas
 def measure_once(url: str, name: str, entrant: str, rate: float, seconds: float, p95_ms: float,
                  max_errors: float) -> Run:
     load = Load(rate=rate, duration_s=seconds, warmup_s=1.0)
-    engine = "perf_analyzer"
-    try:
-        out = run_pa(url, name, load, shared_memory=True, log=lambda s: None)
-    except PerfAnalyzerStopped:
-        engine = FALLBACK
-        out = asyncio.run(run_load(url, name, load))
-    return verdict(out, load, entrant, engine, p95_ms, max_errors)
+    out, engine = send_cheapest(url, name, load)
+    return verdict(out, load, entrant, engine if engine == "perf_analyzer" else FALLBACK, p95_ms, max_errors)
 
 
 def verdict(out: Outcome, load: Load, entrant: str, engine: str, p95_ms: float, max_errors: float) -> Run:
@@ -217,10 +210,7 @@ def calibrate(url: str, name: str, m: ModelSpec, log: Callable[[str], None]) -> 
     through with two full batches in flight per instance, which no open-loop rate under an SLO beats."""
     clients = 2 * max(1, m.max_batch_size) * m.instances.count
     load = Load(concurrency=clients, duration_s=CALIBRATION_S, warmup_s=1.0)
-    try:
-        out = run_pa(url, name, load, shared_memory=True, log=lambda s: None)
-    except PerfAnalyzerStopped:  # its queue policy refused some: count what it served
-        out = asyncio.run(run_load(url, name, load))
+    out, _ = send_cheapest(url, name, load)  # a queue policy that refuses some: what it served counts
     rate = sum(1 for s in out.samples if s.latency_s is not None) / CALIBRATION_S
     log(f"   {name}: {rate:.0f} req/s with {clients} in flight (its capacity)")
     return rate

@@ -6,9 +6,9 @@ import asyncio
 from pathlib import Path
 
 from tritonkit.loadtests.asyncgen import run_load
-from tritonkit.loadtests.load import Load, RequestClass
+from tritonkit.loadtests.load import Load, Outcome, RequestClass
 from tritonkit.loadtests.locust_run import run_locust
-from tritonkit.loadtests.pa_run import run_pa
+from tritonkit.loadtests.pa_run import PerfAnalyzerStopped, run_pa
 from tritonkit.loadtests.results import build_result
 from tritonkit.loadtests.server_stats import summary_quantiles
 
@@ -43,6 +43,21 @@ def measure_by(engine: str, model: str, load: Load, classes: list[RequestClass] 
                         log_path=log_dir and Path(log_dir) / "locust.log")
     result["server_summary_us"] = _quantiles(metrics, model)
     return result
+
+
+def send_cheapest(url: str, model: str, load: Load, classes: list[RequestClass] | None = None, *,
+                  input_data: Path | None = None) -> tuple[Outcome, str]:
+    """The load by the kit's cheapest client on this machine: perf_analyzer (shared memory), or the
+    asyncio client where perf_analyzer cannot send it (several classes) or gives up on it (a refused
+    request: asyncio counts every refusal). Returns the outcome and the client that measured it."""
+    classes = classes or [RequestClass()]
+    if classes == [RequestClass()]:
+        try:
+            return run_pa(url, model, load, classes, input_data=input_data, shared_memory=True,
+                          log=lambda s: None), "perf_analyzer"
+        except PerfAnalyzerStopped:
+            pass
+    return asyncio.run(run_load(url, model, load, classes, input_data=input_data)), "asyncio"
 
 
 def _quantiles(metrics: str | None, model: str) -> dict:

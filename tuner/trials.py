@@ -20,7 +20,7 @@ from pathlib import Path
 from tritonkit.errors import InputError, KitError
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, Outcome, RequestClass
-from tritonkit.loadtests.pa_run import PerfAnalyzerStopped, run_pa
+from tritonkit.loadtests.measure import send_cheapest
 from tritonkit.loadtests.results import build_result
 from tritonkit.loadtests.stalls import without_stalls
 from tritonkit.serving import Running, running
@@ -182,10 +182,8 @@ class Trials:
 
     def _send(self, load: Load, classes: list[RequestClass]) -> tuple[Outcome, str]:
         url = self.server.r.endpoints.grpc
-        if self.window.engine == "perf_analyzer" and classes == [RequestClass()]:
-            with contextlib.suppress(PerfAnalyzerStopped):
-                return (run_pa(url, self.model, load, classes, input_data=self.input_data, shared_memory=True,
-                               log=self.log), "perf_analyzer")
+        if self.window.engine == "perf_analyzer":
+            return send_cheapest(url, self.model, load, classes, input_data=self.input_data)
         return asyncio.run(run_load(url, self.model, load, classes, input_data=self.input_data)), "asyncio"
 
     def _fill(self, t: Trial, result: dict, out: Outcome) -> None:
