@@ -57,11 +57,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
         rounds = 3 if a.rounds is None else a.rounds
         s = TuneSettings(max_trials=a.max_trials, engine=a.engine)
         raise_flag_problems([("--rounds", rounds >= 1, "judge at least once, e.g. 3"),
+                             ("--kit-runs", a.kit_runs >= 1, "tune at least once, e.g. 3"),
                              ("--ma-wall-s", a.ma_wall_s > 0, "give Model Analyzer some time, e.g. 900")])
         require_model_analyzer()
         for case in a.case or list(CASES):
             run_versus(case, a.out / "versus", ma_wall_s=a.ma_wall_s, rounds=rounds, seconds=a.seconds,
-                       engine=s.engine, max_trials=s.max_trials, log=say)
+                       engine=s.engine, max_trials=s.max_trials, kit_runs=a.kit_runs,
+                       model_analyzer_from=a.model_analyzer_from, log=say)
         say(f"wrote {a.out / 'versus'}/<case>/bench_versus.json")
     elif a.what == "floor":
         s = TuneSettings(p95_ms=a.p95_ms)
@@ -134,6 +136,11 @@ def register(sub) -> None:
                          "the three engines' agreement runs (default 3)")
     sp.add_argument("--case", action="append", choices=list(CASES),
                     help="versus: a case to run (repeatable; default: all of them)")
+    sp.add_argument("--kit-runs", type=int, default=1,
+                    help="versus: run `tune` this many times per case, every winner judged in the same rounds")
+    sp.add_argument("--model-analyzer-from", type=Path,
+                    help="versus: Model Analyzer's result from an earlier run's folder (or bench_versus.json) "
+                         "instead of a new search")
     sp.add_argument("--ma-wall-s", type=float, default=MA_WALL_S,
                     help="peer: stop Model Analyzer after this many seconds (default: %(default)g)")
     sp.add_argument("--out", type=Path, default=Path("out/bench"))

@@ -36,9 +36,7 @@ def run_floor_bench(spec: Spec, model: str, out_dir: Path, *, rounds: int = 12, 
                     max_errors=TuneSettings.max_errors, rounds=rounds, log=log)
     e = j["entrants"]["config"]
     f = floor_figures(e["rounds_rps"])
-    # a round that held at the first rate has a figure that is only a lower bound, and the spread
-    # above understates it
-    f.update(config=from_spec(m).label(), held_at_first_rate=e["held_at_start"],
+    f.update(config=from_spec(m).label(),
              objective=f"highest req/s with P95 <= {slo:g} ms and errors <= {TuneSettings.max_errors:.0%}",
              runs=e["runs"], seconds=round(time.perf_counter() - t0, 1))
     write_bytes_atomic(Path(out_dir) / "bench_floor.json", json.dumps(
@@ -71,7 +69,6 @@ def format_floor_bench(f: dict) -> str:
         f"objective: {f['objective']}; config {f['config']}; {f['runs']} runs in {f['seconds']:.0f} s",
         f"rounds (req/s): {rounds}",
         f"median {f['median_rps'] or 0:.0f} req/s, spread {pct(f['spread'])} ((max - min) / median)",
-        f"rounds that held at the first rate (their figure only a lower bound): {f['held_at_first_rate']}",
         f"medians of three consecutive rounds (one `bench tuner` figure each): {threes}; "
         f"spread {pct(f['medians_of_3_spread'])}",
     ])

@@ -142,7 +142,6 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
     scored = judged["entrants"] if judged else {}
     figures_of = {name: scored[name]["rounds_rps"] if name in scored else [] for name in sides}
     p95s_of = {name: scored[name]["p95_ms_at_figure"] if name in scored else [] for name in sides}
-    at_start_of = {name: scored[name]["held_at_start"] if name in scored else 0 for name in sides}
 
     def side(s: Score | None, trial_list: list, seconds: float, name: str, pick: Score | None = None) -> dict:
         again = figures_of[name]
@@ -150,7 +149,6 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
         return {"best": label, "confirmations_p95_ms": p95s_of[name],
                 "confirmed_rps": s.value if s is not None and s.passed else None,
                 "confirmations_rps": again, "rps": statistics.median(again) if again else None,
-                "held_at_first_rate": at_start_of[name],  # rounds whose figure is a lower bound
                 "spread": None if (sp := spread_of(again)) is None else round(sp, 3),
                 "trials": len(trial_list), "seconds": round(seconds, 1)}
 

@@ -17,6 +17,7 @@ from tritonkit.benchmarks.cases import write_case
 from tritonkit.benchmarks.judge import Entrant, format_judged, judge, judge_at_rate
 from tritonkit.benchmarks.model_analyzer import format_model_analyzer, peer_start, run_model_analyzer, winner_model
 from tritonkit.configs.loader import load_spec
+from tritonkit.errors import input_error
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.tuner.knobs import max_instances
@@ -26,40 +27,53 @@ from tritonkit.tuner.trials import TrialWindow
 
 
 def run_versus(case: str, out_dir: Path, *, ma_wall_s: float, rounds: int = 3, seconds: float = 5.0,
-               engine: str = TuneSettings.engine, max_trials: int = TuneSettings.max_trials,
-               log: Callable[[str], None] = print) -> dict:
+               engine: str = TuneSettings.engine, max_trials: int = TuneSettings.max_trials, kit_runs: int = 1,
+               model_analyzer_from: Path | None = None, log: Callable[[str], None] = print) -> dict:
+    """One case: MA's search (or its result from an earlier `bench_versus.json` of this case, as MA
+    runs take 3-9 minutes here), `tune` `kit_runs` times from the same start, then every winner
+    before the judge together, so each tuning's pick is judged in the same rounds as MA's."""
     folder = Path(out_dir).resolve() / case
     spec = load_spec(write_case(case, folder), folder / "repo")
     model = spec.models[0].name
     start = spec.model(model)
     slo, rps = start.slo.p95_ms, start.slo.rps
     bound = max(1, max_batch_bound(spec, model))
-    log(f"==== case {case}: Model Analyzer's quick search")
-    ma = run_model_analyzer(spec, model, folder / "model_analyzer", p95_ms=slo, rps=rps, max_instances=max_instances(),
-                            max_batch=bound, wall_s=ma_wall_s, log=log)
+    if model_analyzer_from is not None:
+        ma = earlier_model_analyzer(model_analyzer_from, case)
+        log(f"==== case {case}: Model Analyzer's quick search, as measured in {model_analyzer_from}")
+    else:
+        log(f"==== case {case}: Model Analyzer's quick search")
+        ma = run_model_analyzer(spec, model, folder / "model_analyzer", p95_ms=slo, rps=rps,
+                                max_instances=max_instances(), max_batch=bound, wall_s=ma_wall_s, log=log)
     log(format_model_analyzer(ma))
-    log(f"==== case {case}: tritonkit tune (trials measured by {engine})")
-    tuned = tune_offline(spec, model, folder / "repo", folder / "state", folder / "tune", rps=rps,
-                         max_trials=max_trials, window=TrialWindow(engine=engine), write_decision=False, log=log)
-    t = tuned.tuning
-    entrants = [Entrant("kit", t.best.knobs.model(start), claim_rps=None if rps else t.best.rate)]
+    sides: dict[str, dict] = {}
+    entrants = []
+    for i in range(1, kit_runs + 1):
+        name = "kit" if kit_runs == 1 else f"kit{i}"
+        log(f"==== case {case}: tritonkit tune, run {i} of {kit_runs} (trials measured by {engine})")
+        tuned = tune_offline(spec, model, folder / "repo", folder / f"state_{name}", folder / f"tune_{name}",
+                             rps=rps, max_trials=max_trials, window=TrialWindow(engine=engine),
+                             write_decision=False, log=log)
+        t = tuned.tuning
+        entrants.append(Entrant(name, t.best.knobs.model(start), claim_rps=None if rps else t.best.rate))
+        sides[name] = {"search_s": round(tuned.seconds, 1), "measurements": len(tuned.trials.trials),
+                       "configs": len({x.label for x in tuned.trials.trials}), "winner": t.best.knobs.label(),
+                       "confirmed": t.confirmed, "kept": t.kept,
+                       "claim_rps": None if rps or t.best.rate is None else round(t.best.rate, 1)}
     if ma["winner"] is not None:
         entrants.append(Entrant("model_analyzer", winner_model(peer_start(start)[0], ma["winner"])))
+    sides["model_analyzer"] = {
+        "search_s": ma["search_s"], "wall_s": ma["wall_s"], "measurements": len(ma["configs"]),
+        "configs": len({m["variant"] for m in ma["configs"]}), "stopped": ma["stopped"],
+        "winner": None if ma["winner"] is None else
+        f"batch {ma['winner']['max_batch_size']} x{ma['winner']['instances']}",
+        "reused_from": None if model_analyzer_from is None else str(model_analyzer_from)}
     if rps:
         judged = judge_at_rate(spec, model, entrants, folder / "judge", rps=rps, p95_ms=slo, rounds=rounds,
                                seconds=seconds, log=log)
     else:
         judged = judge(spec, model, entrants, folder / "judge", p95_ms=slo, rounds=rounds, seconds=seconds, log=log)
     log(format_judged(judged))
-    sides = {
-        "kit": {"search_s": round(tuned.seconds, 1), "measurements": len(tuned.trials.trials),
-                "configs": len({x.label for x in tuned.trials.trials}), "winner": t.best.knobs.label(),
-                "confirmed": t.confirmed, "kept": t.kept},
-        "model_analyzer": {"search_s": ma["search_s"], "wall_s": ma["wall_s"], "measurements": len(ma["configs"]),
-                           "configs": len({m["variant"] for m in ma["configs"]}), "stopped": ma["stopped"],
-                           "winner": None if ma["winner"] is None else
-                           f"batch {ma['winner']['max_batch_size']} x{ma['winner']['instances']}"},
-    }
     for name, side in sides.items():
         side["judged"] = judged["entrants"].get(name)
     result = {"schema": SCHEMA, "kind": "bench/versus", "case": case, "model": model, "p95_ms": slo, "rps": rps,
@@ -67,6 +81,22 @@ def run_versus(case: str, out_dir: Path, *, ma_wall_s: float, rounds: int = 3, s
     write_bytes_atomic(folder / "bench_versus.json", json.dumps(result, indent=2, default=str).encode())
     log(format_versus(result))
     return result
+
+
+def earlier_model_analyzer(path: Path, case: str) -> dict:
+    """MA's result for `case` from an earlier run: a `bench_versus.json`, or a folder holding
+    `<case>/bench_versus.json`."""
+    path = Path(path)
+    file = path / case / "bench_versus.json" if path.is_dir() else path
+    try:
+        r = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise input_error(str(file), "model_analyzer", f"cannot read an earlier Model Analyzer result: {e}",
+                          "give a bench_versus.json written by `tritonkit bench versus`, or its folder") from None
+    if r.get("kind") != "bench/versus" or r.get("case") != case or "model_analyzer" not in r:
+        raise input_error(str(file), "case", f"this is not `bench versus` case {case}'s result",
+                          f"give the bench_versus.json of case {case}")
+    return r["model_analyzer"]
 
 
 def format_versus(r: dict) -> str:

@@ -5,10 +5,13 @@ their compute stages took. A weighted least-squares line through those points is
 From it follow the figures the tuner starts from (ARCHITECTURE.md):
 
     capacity      Φ(B)  = p * B / T(B)          p: instances that really run in parallel
-    expected batch E[B] = λ * W                 (capped by the max batch)
-    P95 estimate  L95  ≈ W + 2 * T(B)           a full wait, the batch ahead, then its own batch
+    expected batch E[B] = λ * (W + T(B))        (capped by the max batch)
+    P95 estimate  L95  ≈ W' + T(E[B]) * (1 + 3ρ / (2(1 - ρ)) / p)
+                  W' = min(W, E[B] / λ): the part of the delay the rate leaves unfilled
+                  ρ  = λ / Φ(E[B]): how full the instances are (M/D/1-like queueing, P95 ≈ 3x the mean wait)
 
-They rank candidates; measurements decide.
+One P95 estimate (`p95_ms`) and one headroom (HEADROOM) serve the offline search, the online
+sidecar's setpoint and the simulated world of the tests. They rank candidates; measurements decide.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 STAGES = ("compute_input", "compute_infer", "compute_output")
 MIN_EXECUTIONS = 3  # a batch size Triton ran fewer times than this is noise in the fit (unless it is all)
-UTILISATION = 0.7  # the share of a batch size's capacity a rate may fill: the rest is queueing headroom
+HEADROOM = 0.8  # the share of a config's capacity a rate may fill: queueing near 100% breaks any SLO
 
 
 @dataclass(frozen=True)
@@ -36,8 +39,21 @@ class CostModel:
         """Requests per second that batches of `b` can serve."""
         return parallelism(instances) * b / (self.t_ms(b) / 1e3)
 
-    def p95_ms(self, b: int, delay_us: int) -> float:
-        return delay_us / 1e3 + 2 * self.t_ms(b)
+    def p95_ms(self, max_batch: int, delay_us: int, rate: float, instances: int = 1) -> float:
+        """The rough P95 at `rate` of batches up to `max_batch` formed within `delay_us` (above);
+        infinite where the instances would be more than 95% busy."""
+        if rate <= 0:
+            return self.t_ms(1)
+        b = max(1, min(max_batch, math.ceil(rate * (delay_us / 1e6 + self.t_ms(max_batch) / 1e3))))
+        rho = rate / self.capacity(b, instances)
+        if rho >= 0.95:
+            return math.inf
+        wait_ms = min(delay_us / 1e3, b / rate * 1e3)
+        return wait_ms + self.t_ms(b) * (1 + 3 * rho / (2 * (1 - rho)) / parallelism(instances))
+
+    def sustainable(self, b: int, instances: int = 1) -> float:
+        """The rate batches of `b` should sustain: HEADROOM of their capacity."""
+        return HEADROOM * self.capacity(b, instances)
 
     def to_json(self) -> dict:
         return {"c_fixed_ms": round(self.c_fixed_ms, 4), "c_per_ms": round(self.c_per_ms, 4),
@@ -93,17 +109,22 @@ def fit(points: list[tuple[int, int, float]]) -> CostModel:
 
 
 def batch_for_rate(model: CostModel, rate: float, max_batch: int, instances: int = 1) -> int:
-    """The smallest power-of-two batch (up to `max_batch`) that serves `rate` at UTILISATION."""
+    """The smallest power-of-two batch (up to `max_batch`) that sustains `rate`."""
     b = 1
-    while b < max_batch and model.capacity(b, instances) * UTILISATION < rate:
+    while b < max_batch and model.sustainable(b, instances) < rate:
         b *= 2
     return min(b, max_batch)
 
 
-def delay_for(model: CostModel, b: int, rate: float, slo_p95_ms: float) -> int:
-    """Queue delay (µs) that lets `rate` fill a batch of `b` (E[B] = λW), within the SLO's budget."""
+DELAY_STEP_US = 100  # no false precision in a delay
+
+
+def delay_for(model: CostModel, b: int, rate: float, slo_p95_ms: float, instances: int = 1) -> int:
+    """Queue delay (µs) that lets `rate` fill a batch of `b` (E[B] = λW), the longest such delay
+    whose estimated P95 meets the SLO."""
     if b <= 1 or rate <= 0:
         return 0
-    fill_us = b / rate * 1e6
-    budget_us = max(0.0, (slo_p95_ms - 2 * model.t_ms(b)) * 1e3)
-    return int(math.floor(min(fill_us, budget_us) / 100) * 100)  # 100 µs steps: no false precision
+    delay = int(b / rate * 1e6) // DELAY_STEP_US * DELAY_STEP_US
+    while delay > 0 and model.p95_ms(b, delay, rate, instances) > slo_p95_ms:
+        delay -= DELAY_STEP_US
+    return delay

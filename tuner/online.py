@@ -3,8 +3,8 @@ to the traffic a live server sees, within guardrails.
 
 Every window it reads Triton's statistics (exact deltas: request rate, mean queue and compute
 time, mean batch, failures) and refits the cost model from the per-batch-size statistics. The
-setpoint follows ARCHITECTURE.md (the tuner): the smallest batch that serves the current rate at 70% utilisation,
-and the delay that the rate fills (E[B] = λW) within the SLO budget (W + 2T(B) <= P95 SLO).
+setpoint follows ARCHITECTURE.md (the tuner): the smallest batch that sustains the current rate
+within the cost model's headroom, and the longest delay that the rate fills (E[B] = λW) whose estimated P95 meets the SLO.
 
 Why statistics and not the summary quantiles: Triton's summary P95 covers a long window. After
 half a minute of light load it still reported the 62 ms of the overload before it, so it cannot
@@ -124,7 +124,7 @@ class Controller:
             return self.config.dynamic_batching.max_queue_delay_microseconds, \
                 list(self.config.dynamic_batching.preferred_batch_size)
         b = batch_for_rate(self.cost, rate, self.max_batch, self.instances)
-        delay = min(delay_for(self.cost, b, rate, self.slo), self.s.max_delay_us)
+        delay = min(delay_for(self.cost, b, rate, self.slo, self.instances), self.s.max_delay_us)
         return delay, ([b] if b > 1 else [])
 
     def _differs(self, now: int, wanted: int, pref_now: list[int], pref_wanted: list[int]) -> bool:
