@@ -4,7 +4,8 @@ to the traffic a live server sees, within guardrails.
 Every window it reads Triton's statistics (exact deltas: request rate, mean queue and compute
 time, mean batch, failures) and refits the cost model from the per-batch-size statistics. The
 setpoint follows ARCHITECTURE.md (the tuner): the smallest batch that sustains the current rate
-within the cost model's headroom, and the longest delay that the rate fills (E[B] = λW) whose estimated P95 meets the SLO.
+within the cost model's headroom, and the longest delay that the rate fills (E[B] = λW) whose
+estimated P95 meets the SLO.
 
 Why statistics and not the summary quantiles: Triton's summary P95 covers a long window. After
 half a minute of light load it still reported the 62 ms of the overload before it, so it cannot
