@@ -2,7 +2,7 @@
 
 The grid is what Model Analyzer's brute-force search does: every combination of max batch, queue
 delay and instance count, each screened by single runs on a rate ladder (doubling from
-GRID_START_RPS, or lower where no config holds that, then the tuner's own RATE_STEP inside the last
+GRID_START_RPS, or lower where no config holds that, then the tuner's own RULES.rate_step inside the last
 bracket). Both sides then decide by the same rules (tuner/noise.py): the grid's GRID_FINALISTS best
 screened configs get the tuner's majority-of-runs sustained rate (`Search.sustained`), and each
 side's winner is confirmed by the same `confirm` (three runs, pooled). Both sides also obey
@@ -36,9 +36,10 @@ from tritonkit.spec import Spec
 from tritonkit.tuner.knobs import Knobs, from_spec, grid, powers_of_two
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.noise import spread_of
-from tritonkit.tuner.offline import RATE_STEP, Score, Search, confirm
+from tritonkit.tuner.offline import Score, Search, confirm
+from tritonkit.tuner.rules import RULES
 from tritonkit.tuner.run import max_batch_bound, objective_for
-from tritonkit.tuner.settings import DEFAULT_MARGIN, TuneSettings
+from tritonkit.tuner.settings import TuneSettings
 from tritonkit.tuner.trials import LocalServer, Trials, TrialWindow
 
 GRID_START_RPS = 200.0  # a coarse ladder: a config that cannot serve this is nowhere near the best
@@ -75,20 +76,20 @@ def grid_capacity(trials: Trials, k: Knobs, start: float = GRID_START_RPS) -> Sc
         rate *= 2
     if passed is None:
         return Score(k, -math.inf, None, None)
-    rate = passed.rate * RATE_STEP
+    rate = passed.rate * RULES.rate_step
     while rate < passed.rate * 2:
         t = trials.run(k, trials.open_load(rate), "grid")
         if not t.passed:
             break
         passed = Score(k, t.ok_rps, rate, t)
-        rate *= RATE_STEP
+        rate *= RULES.rate_step
     return passed
 
 
 def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
                     p95_ms: float | None = None, max_trials: int = TuneSettings.max_trials,
                     window: TrialWindow | None = None,
-                    margin: float = DEFAULT_MARGIN, confirmations: int = 3,
+                    margin: float = RULES.slo_margin, confirmations: int = 3,
                     traits: ServerTraits | None = None, final_judge: Callable[..., dict] = judge,
                     log: Callable[[str], None] = print) -> dict:
     objective = objective_for(spec, model, p95_ms, None, TuneSettings.max_errors, margin)

@@ -8,7 +8,7 @@ from pathlib import Path
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, Outcome, RequestClass
 from tritonkit.loadtests.locust_run import run_locust
-from tritonkit.loadtests.pa_run import PerfAnalyzerStopped, run_pa
+from tritonkit.loadtests.pa_run import PerfAnalyzerLostExport, PerfAnalyzerStopped, run_pa
 from tritonkit.loadtests.results import build_result
 from tritonkit.loadtests.server_stats import summary_quantiles
 
@@ -48,14 +48,14 @@ def measure_by(engine: str, model: str, load: Load, classes: list[RequestClass] 
 def send_cheapest(url: str, model: str, load: Load, classes: list[RequestClass] | None = None, *,
                   input_data: Path | None = None) -> tuple[Outcome, str]:
     """The load by the kit's cheapest client on this machine: perf_analyzer (shared memory), or the
-    asyncio client where perf_analyzer cannot send it (several classes) or gives up on it (a refused
-    request: asyncio counts every refusal). Returns the outcome and the client that measured it."""
+    asyncio client where perf_analyzer cannot send it (several classes), gives up on it (a refused
+    request: asyncio counts every refusal) or loses its export. Returns the outcome and the client that measured it."""
     classes = classes or [RequestClass()]
     if classes == [RequestClass()]:
         try:
             return run_pa(url, model, load, classes, input_data=input_data, shared_memory=True,
                           log=lambda s: None), "perf_analyzer"
-        except PerfAnalyzerStopped:
+        except (PerfAnalyzerStopped, PerfAnalyzerLostExport):
             pass
     return asyncio.run(run_load(url, model, load, classes, input_data=input_data)), "asyncio"
 

@@ -57,6 +57,11 @@ _DELAYED = re.compile(r"([\d.]+)% of the requests were delayed")
 _THREAD_ERROR = re.compile(r"Thread \[\d+\] had error: (.+)")
 
 
+class PerfAnalyzerLostExport(KitError):
+    """PA ran the load, yet its profile export reached the kit with no request in it (seen
+    now and then, with exit code 0): the run has no latencies to give."""
+
+
 @dataclass
 class PerfAnalyzerStopped(KitError):
     """PA abandoned the measurement at a failed request; what Triton counted over the run."""
@@ -215,8 +220,9 @@ def _measure(pa: pa_install.PerfAnalyzer, args: list[str], client: Client, model
             served, failed, errors)
     if not pairs:  # it ran, yet its export held no request: say what it printed rather than report nothing
         said = " | ".join(x.strip() for x in lines[-6:] if x.strip())
-        raise KitError(f"perf_analyzer finished but its profile export held no request (exit {proc.returncode}; "
-                       f"Triton served {served} after the warm-up); it said: {said[:400]}")
+        raise PerfAnalyzerLostExport(f"perf_analyzer finished but its profile export held no request (exit "
+                                     f"{proc.returncode}; Triton served {served} after the warm-up); it said: "
+                                     f"{said[:400]}")
     _fill(out, pairs, load, cls.name, failed, next(iter(errors), "other"))
     for line in lines:
         if m := _DELAYED.search(line):

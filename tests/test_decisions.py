@@ -26,12 +26,13 @@ from tritonkit.loadtests.stalls import without_stalls
 from tritonkit.server_traits import ServerTraits
 from tritonkit.spec import Batching, ModelSpec, QueuePolicy
 from tritonkit.tuner.costmodel import CostModel
-from tritonkit.tuner.knobs import DELAYS_US, Knobs, grid, powers_of_two
+from tritonkit.tuner.knobs import Knobs, grid, powers_of_two
 from tritonkit.tuner.noise import Noise, clear, fitted_rate, majority, spread_of, wins
-from tritonkit.tuner.offline import RATE_STEP, Objective, Search, predict_p95
+from tritonkit.tuner.offline import Objective, Search, predict_p95
 from tritonkit.tuner.online import Controller, OnlineSettings, Window
 from tritonkit.tuner.pooled import pooled, pooled_verdict
 from tritonkit.tuner.protect import Budget, protect
+from tritonkit.tuner.rules import RULES
 from tritonkit.tuner.trials import Trial, TrialWindow
 
 SLO_MS = 25.0
@@ -109,11 +110,11 @@ def with_latencies(t: Trial) -> Trial:
 
 def best_sustained(k: Knobs) -> float:
     """The highest rate on the search's ladder at which WORLD meets the SLO with knobs k."""
-    rate, best = 100.0 / RATE_STEP ** 10, 0.0
+    rate, best = 100.0 / RULES.rate_step ** 10, 0.0
     while rate < 1e5:
         if predict_p95(WORLD, k, rate) <= SLO_MS:
             best = rate
-        rate *= RATE_STEP
+        rate *= RULES.rate_step
     return best
 
 
@@ -236,7 +237,7 @@ class NoisySimulatedTrials(SimulatedTrials):
 def _steps_apart(a: Knobs, b: Knobs) -> int:
     """How many single-knob moves of the search lie between two configs (a delay move spans up to
     two rungs down, as `neighbours` does)."""
-    rung = {d: i for i, d in enumerate(DELAYS_US)}
+    rung = {d: i for i, d in enumerate(RULES.delays_us)}
     delay = abs(rung[a.delay_us] - rung[b.delay_us])
     return abs(int(math.log2(a.max_batch)) - int(math.log2(b.max_batch))) + (delay + 1) // 2 + \
         abs(a.instances - b.instances)
@@ -261,8 +262,8 @@ def test_on_a_noisy_machine_the_picks_are_stable_and_meet_the_slo():
     median = sorted(r for _, r in picks)[len(picks) // 2]
     rates = [round(r) for _, r in picks]
     # over four sets of twenty seeds, 79-95% lie within one rung: three in four is the claim that holds
-    assert sum(median / RATE_STEP <= r <= median * RATE_STEP for r in rates) >= 0.75 * len(picks), rates
-    assert all(median / RATE_STEP ** 2 <= r <= median * RATE_STEP ** 2 for r in rates), rates
+    assert sum(median / RULES.rate_step <= r <= median * RULES.rate_step for r in rates) >= 0.75 * len(picks), rates
+    assert all(median / RULES.rate_step ** 2 <= r <= median * RULES.rate_step ** 2 for r in rates), rates
     # the confirmation pools three noisy runs at the SLO itself: one pick in twenty may pass a few
     # percent above the true edge by luck, none by more than the noise of a pooled P95
     over = [predict_p95(WORLD, k, r) / SLO_MS for k, r in picks if predict_p95(WORLD, k, r) > SLO_MS]
@@ -372,7 +373,7 @@ def world_judge(seen: list):
         seen.extend(entrants)
         knobs = {e.name: Knobs(e.model.max_batch_size, e.model.batching.max_queue_delay_us, e.model.instances.count)
                  for e in entrants}
-        start = max(best_sustained(k) for k in knobs.values()) * RATE_STEP
+        start = max(best_sustained(k) for k in knobs.values()) * RULES.rate_step
 
         def measure(name: str, rate: float) -> Run:
             p95 = predict_p95(WORLD, knobs[name], rate)
@@ -513,7 +514,7 @@ def test_the_confirmation_steps_down_while_its_trials_last():
     rates = sorted({round(t.rate) for t in sim.trials if t.phase == "confirm"}, reverse=True)
     assert len(rates) == 4, rates  # the fourth rung down: more than three rates
     assert tuning.confirmed and tuning.best.rate <= 0.7 * sim.first
-    assert tuning.best.rate >= 0.7 * sim.first / RATE_STEP  # the first rung that holds, not lower
+    assert tuning.best.rate >= 0.7 * sim.first / RULES.rate_step  # the first rung that holds, not lower
     assert len(sim.trials) <= 30
 
 
@@ -951,11 +952,11 @@ def test_for_throughput_a_neighbour_wins_by_holding_the_rung_the_incumbent_misse
     sim = SimulatedTrials()
     search = Search(sim, objective, bound=16, max_trials=60, log=lambda s: None)
     weak, strong = Knobs(16, 2000, 1), Knobs(16, 2000, 2)
-    assert best_sustained(strong) > best_sustained(weak) * RATE_STEP
+    assert best_sustained(strong) > best_sustained(weak) * RULES.rate_step
     incumbent = search.evaluate(weak, "start", start_rate=100.0)
     before = len(sim.trials)
     won = search.challenge(incumbent, strong)
     assert won is not None and won.rate > incumbent.rate
-    assert sim.trials[before].rate == pytest.approx(incumbent.rate * RATE_STEP)
+    assert sim.trials[before].rate == pytest.approx(incumbent.rate * RULES.rate_step)
     before = len(sim.trials)
     assert search.challenge(won, weak) is None and len(sim.trials) - before == 1

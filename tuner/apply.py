@@ -85,6 +85,10 @@ class LiveConfig:
         self.server, self.repo, self.model, self.log = server, Path(repo), model, log
         self.good: Spec = spec  # exactly what served last; the spec's own config to begin with
         self.current: Spec = spec
+        # the knobs behind `good` and `current` where they came from `apply_knobs` (None: the spec's
+        # own config, or a spec applied whole): the tuner's trials ask here what is in force
+        self.good_knobs: Knobs | None = None
+        self.current_knobs: Knobs | None = None
         self.restarts = 0
         self.max_restarts = 3
 
@@ -111,20 +115,23 @@ class LiveConfig:
             self.log(f"    {reason}; back to the last-known-good config")
             self.restore()
             return reason
-        self.current = candidate
+        self.current, self.current_knobs = candidate, None
         return None
 
     def apply_knobs(self, spec: Spec, knobs: Knobs) -> str | None:
-        return self.apply(knobs.apply(spec, self.model))
+        refused = self.apply(knobs.apply(spec, self.model))
+        if not refused:
+            self.current_knobs = knobs
+        return refused
 
     def keep(self) -> None:
         """The config in force served a measurement: it is the last-known-good now."""
-        self.good = self.current
+        self.good, self.good_knobs = self.current, self.current_knobs
 
     def restore(self, restart: bool = True) -> None:
         """Write the last-known-good config back and serve it (restarting a dead server, if allowed)."""
         generate(self.good, self.repo, models=[self.model])
-        self.current = self.good
+        self.current, self.current_knobs = self.good, self.good_knobs
         if self.server.alive():
             self.server.r.load(self.model)
         elif restart:

@@ -13,8 +13,9 @@ from tritonkit.server import read_state
 from tritonkit.spec import parse_spec
 from tritonkit.tuner.knobs import powers_of_two
 from tritonkit.tuner.online import OnlineSettings, run_online
+from tritonkit.tuner.rules import RULES
 from tritonkit.tuner.run import tune_offline
-from tritonkit.tuner.settings import DEFAULT_MARGIN, TuneSettings
+from tritonkit.tuner.settings import TuneSettings
 from tritonkit.tuner.sweep import MAX_BATCH, sweep
 from tritonkit.tuner.trials import TrialWindow
 
@@ -107,9 +108,9 @@ def register(sub) -> None:
 
 
 def noise_args(sp) -> None:
-    sp.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+    sp.add_argument("--margin", type=float, default=RULES.slo_margin,
                     help="offline: share of the SLO held back; trials must meet the SLO times (1 - margin) "
-                         f"(default {DEFAULT_MARGIN})")
+                         f"(default {RULES.slo_margin})")
     sp.add_argument("--max-trial-s", type=float, default=TuneSettings.max_trial_s,
                     help="offline: the longest steady window of one trial (each holds about 3000 requests "
                          "at its rate, within this)")

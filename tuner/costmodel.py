@@ -6,11 +6,15 @@ From it follow the figures the tuner starts from (ARCHITECTURE.md):
 
     capacity      Φ(B)  = p * B / T(B)          p: instances that really run in parallel
     expected batch E[B] = λ * (W + T(B))        (capped by the max batch)
-    P95 estimate  L95  ≈ W' + T(E[B]) * (1 + 3ρ / (2(1 - ρ)) / p)
+    P95 estimate  L95  ≈ W' + T(E[B]) * (1 + ρ / (2(1 - ρ)) / p)
                   W' = min(W, E[B] / λ): the part of the delay the rate leaves unfilled
-                  ρ  = λ / Φ(E[B]): how full the instances are (M/D/1-like queueing, P95 ≈ 3x the mean wait)
+                  ρ  = λ / Φ(max batch): how full the instances are, against the capacity of full
+                       batches, as the batcher grows its batches when a queue forms; the queueing
+                       term is M/D/1's mean wait. Over 72 measured trials of four models with a P95
+                       under 1.6x their SLO, the estimate was 12% low in the median and within
+                       1.4x of the measured P95 in half of them.
 
-One P95 estimate (`p95_ms`) and one headroom (HEADROOM) serve the offline search, the online
+One P95 estimate (`p95_ms`) and one headroom (`Rules.headroom`) serve the offline search, the online
 sidecar's setpoint and the simulated world of the tests. They rank candidates; measurements decide.
 """
 
@@ -20,9 +24,9 @@ import math
 import os
 from dataclasses import dataclass
 
+from tritonkit.tuner.rules import RULES
+
 STAGES = ("compute_input", "compute_infer", "compute_output")
-MIN_EXECUTIONS = 3  # a batch size Triton ran fewer times than this is noise in the fit (unless it is all)
-HEADROOM = 0.8  # the share of a config's capacity a rate may fill: queueing near 100% breaks any SLO
 
 
 @dataclass(frozen=True)
@@ -41,19 +45,20 @@ class CostModel:
 
     def p95_ms(self, max_batch: int, delay_us: int, rate: float, instances: int = 1) -> float:
         """The rough P95 at `rate` of batches up to `max_batch` formed within `delay_us` (above);
-        infinite where the instances would be more than 95% busy."""
+        infinite where full batches would keep the instances 98% busy."""
         if rate <= 0:
             return self.t_ms(1)
-        b = max(1, min(max_batch, math.ceil(rate * (delay_us / 1e6 + self.t_ms(max_batch) / 1e3))))
-        rho = rate / self.capacity(b, instances)
-        if rho >= 0.95:
+        full = max(1, max_batch)
+        b = max(1, min(full, math.ceil(rate * (delay_us / 1e6 + self.t_ms(full) / 1e3))))
+        rho = rate / self.capacity(full, instances)
+        if rho >= 0.98:
             return math.inf
         wait_ms = min(delay_us / 1e3, b / rate * 1e3)
-        return wait_ms + self.t_ms(b) * (1 + 3 * rho / (2 * (1 - rho)) / parallelism(instances))
+        return wait_ms + self.t_ms(b) * (1 + rho / (2 * (1 - rho)) / parallelism(instances))
 
     def sustainable(self, b: int, instances: int = 1) -> float:
-        """The rate batches of `b` should sustain: HEADROOM of their capacity."""
-        return HEADROOM * self.capacity(b, instances)
+        """The rate batches of `b` should sustain: the rules' headroom of their capacity."""
+        return RULES.headroom * self.capacity(b, instances)
 
     def to_json(self) -> dict:
         return {"c_fixed_ms": round(self.c_fixed_ms, 4), "c_per_ms": round(self.c_per_ms, 4),
@@ -90,7 +95,7 @@ def fit(points: list[tuple[int, int, float]]) -> CostModel:
 
     With one batch size only, the fixed share cannot be told apart: all of it is taken as per-item
     cost (batching then looks useless, so the tuner measures rather than trusts it)."""
-    pts = [p for p in points if p[1] >= MIN_EXECUTIONS] or list(points)
+    pts = [p for p in points if p[1] >= RULES.min_executions] or list(points)
     if not pts:
         raise ValueError("no executions to fit: the calibration run sent no requests that Triton ran")
     w = [float(c) for _, c, _ in pts]
@@ -116,15 +121,13 @@ def batch_for_rate(model: CostModel, rate: float, max_batch: int, instances: int
     return min(b, max_batch)
 
 
-DELAY_STEP_US = 100  # no false precision in a delay
-
-
 def delay_for(model: CostModel, b: int, rate: float, slo_p95_ms: float, instances: int = 1) -> int:
     """Queue delay (µs) that lets `rate` fill a batch of `b` (E[B] = λW), the longest such delay
     whose estimated P95 meets the SLO."""
     if b <= 1 or rate <= 0:
         return 0
-    delay = int(b / rate * 1e6) // DELAY_STEP_US * DELAY_STEP_US
+    step = RULES.delay_step_us
+    delay = int(b / rate * 1e6) // step * step
     while delay > 0 and model.p95_ms(b, delay, rate, instances) > slo_p95_ms:
-        delay -= DELAY_STEP_US
+        delay -= step
     return delay

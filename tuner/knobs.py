@@ -12,9 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tritonkit.spec import ModelSpec, QueuePolicy, Spec
-
-# The values each knob takes, for the search and for the exhaustive grid it is benchmarked against.
-DELAYS_US = (0, 500, 2000, 8000)
+from tritonkit.tuner.rules import RULES
 
 
 @dataclass(frozen=True)
@@ -112,8 +110,8 @@ def neighbours(k: Knobs, bound: int) -> list[Knobs]:
                 out.append(replace(k, max_batch=b))
         i = _ladder_index(k.delay_us)
         for j in (i + 1, i - 1, i - 2):  # two rungs down too: under load, queueing fills batches anyway
-            if 0 <= j < len(DELAYS_US):
-                out.append(replace(k, delay_us=DELAYS_US[j]))
+            if 0 <= j < len(RULES.delays_us):
+                out.append(replace(k, delay_us=RULES.delays_us[j]))
     for n in (k.instances + 1, k.instances - 1):
         if 1 <= n <= max_instances():
             out.append(replace(k, instances=n))
@@ -121,14 +119,14 @@ def neighbours(k: Knobs, bound: int) -> list[Knobs]:
 
 
 def _ladder_index(delay_us: int) -> int:
-    return min(range(len(DELAYS_US)), key=lambda j: abs(DELAYS_US[j] - delay_us))
+    return min(range(len(RULES.delays_us)), key=lambda j: abs(RULES.delays_us[j] - delay_us))
 
 
 def on_ladder(delay_us: int) -> int:
-    return DELAYS_US[_ladder_index(delay_us)]
+    return RULES.delays_us[_ladder_index(delay_us)]
 
 
-def grid(batches, delays=DELAYS_US, instances=None,
+def grid(batches, delays=RULES.delays_us, instances=None,
          preferred_of: Callable[[int], list[int]] | None = None) -> list[Knobs]:
     """Every combination of the knobs' values, delay by delay, batch by batch: what an exhaustive
     search measures (`tritonkit bench tuner`) and what the batch-size sweep runs (one instance

@@ -20,13 +20,7 @@ import statistics
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-PRIOR_SPREAD = 0.2  # repeated runs near capacity on a shared 2-core box spread 0.1 to 0.4
-PRIOR_WEIGHT = 2.0  # the prior counts as this many repeats until the machine's own come in
-MIN_SPREAD = 0.03  # a P95 of a few thousand requests is never more exact than this
-CLEAR = 2.0  # spreads from the target at which one run decides
-Z = 1.64  # one-sided 95%: a candidate's gain must be this many standard errors
-MIN_GAIN = 0.05  # and at least this much (log P95), however quiet the machine
-RUNS = 3  # runs at most for a majority verdict
+from tritonkit.tuner.rules import RULES, Rules
 
 
 @dataclass
@@ -34,6 +28,7 @@ class Noise:
     """Log P95s of the runs measured so far, grouped by what was measured (config and rate)."""
 
     runs: dict[Hashable, list[float]] = field(default_factory=dict)
+    rules: Rules = RULES
 
     def observe(self, key: Hashable, p95_ms: float | None) -> None:
         if p95_ms is not None and p95_ms > 0 and math.isfinite(p95_ms):
@@ -51,7 +46,9 @@ class Noise:
             if len(xs) > 1:
                 m = sum(xs) / len(xs)
                 ss += sum((x - m) ** 2 for x in xs)
-        return max(MIN_SPREAD, math.sqrt((PRIOR_WEIGHT * PRIOR_SPREAD ** 2 + ss) / (PRIOR_WEIGHT + self.repeats)))
+        r = self.rules
+        pooled_var = (r.prior_weight * r.prior_spread ** 2 + ss) / (r.prior_weight + self.repeats)
+        return max(r.min_spread, math.sqrt(pooled_var))
 
     def typical(self, key: Hashable) -> float | None:
         """The median P95 measured for `key`, None when never measured."""
@@ -59,33 +56,33 @@ class Noise:
         return math.exp(statistics.median(xs)) if xs else None
 
 
-def clear(p95_ms: float | None, passed: bool, target_ms: float, spread: float) -> bool:
+def clear(p95_ms: float | None, passed: bool, target_ms: float, spread: float, rules: Rules = RULES) -> bool:
     """Does one run decide its rate? A fail with no latency or too many errors does; otherwise a
-    P95 more than CLEAR spreads from the target, on the side its verdict says."""
+    P95 more than `rules.clear` spreads from the target, on the side its verdict says."""
     if p95_ms is None or not math.isfinite(p95_ms):
         return not passed
     distance = math.log(p95_ms / target_ms)
-    return distance < -CLEAR * spread if passed else distance > CLEAR * spread
+    return distance < -rules.clear * spread if passed else distance > rules.clear * spread
 
 
-def majority(verdicts: list[bool]) -> bool | None:
-    """True or False once a majority of RUNS runs agree; None while undecided."""
+def majority(verdicts: list[bool], rules: Rules = RULES) -> bool | None:
+    """True or False once a majority of `rules.runs` runs agree; None while undecided."""
     passes = sum(verdicts)
-    if passes > RUNS // 2:
+    if passes > rules.runs // 2:
         return True
-    if len(verdicts) - passes > RUNS // 2:
+    if len(verdicts) - passes > rules.runs // 2:
         return False
     return None
 
 
-def wins(pairs: list[tuple[float, float]], spread: float) -> bool:
+def wins(pairs: list[tuple[float, float]], spread: float, rules: Rules = RULES) -> bool:
     """(candidate P95, incumbent P95) of runs measured next to each other (math.inf: the run
     failed). The candidate wins when it is faster in every pair and its mean log gain exceeds
-    Z standard errors of a mean of paired differences (each pair: two runs of `spread`)."""
+    `rules.z` standard errors of a mean of paired differences (each pair: two runs of `spread`)."""
     if not pairs or any(not math.isfinite(c) for c, _ in pairs):
         return False
     gains = [math.log(i / c) if math.isfinite(i) else math.inf for c, i in pairs]
-    needed = max(MIN_GAIN, Z * spread * math.sqrt(2 / len(pairs)))
+    needed = max(rules.min_gain, rules.z * spread * math.sqrt(2 / len(pairs)))
     return all(g > 0 for g in gains) and sum(gains) / len(gains) > needed
 
 

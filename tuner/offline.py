@@ -18,7 +18,7 @@ taken against the run-to-run noise of the machine at hand (tuner/noise.py).
    requests of three runs, pooled, must meet the SLO (tuner/pooled.py), stepping its rate down
    until they do.
 
-A sustained rate is the highest rate on the ladder (steps of RATE_STEP) that holds in most runs:
+A sustained rate is the highest rate on the ladder (steps of self.rules.rate_step) that holds in most runs:
 one run decides a rate only when its P95 is far (two spreads) from the target, else the majority
 of up to three. Every trial must meet the target, the SLO less a margin (`Objective.margin`), so
 that the written config still meets the SLO on a bad minute.
@@ -35,14 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tritonkit.server_traits import ServerTraits, stall_risk
+from tritonkit.slo import meets
 from tritonkit.spec import QueuePolicy
 from tritonkit.tuner.costmodel import CostModel, batch_points, delay_for, fit
 from tritonkit.tuner.knobs import Knobs, max_instances, neighbours, on_ladder, powers_of_two
-from tritonkit.tuner.noise import RUNS, Noise, clear, fitted_rate, majority, wins
+from tritonkit.tuner.noise import Noise, clear, fitted_rate, majority, wins
 from tritonkit.tuner.pooled import pooled, pooled_verdict
 from tritonkit.tuner.protect import (
-    OVERLOAD_FACTORS,
-    OVERLOAD_GOODPUT,
     Budget,
     classes_for,
     measured_overhead_ms,
@@ -50,15 +49,8 @@ from tritonkit.tuner.protect import (
     protect,
     tightened,
 )
+from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.trials import Trial, Trials
-
-RATE_STEP = 1.15  # the rate ladder of capacity searches: the resolution of a throughput figure
-# Kept from the search for the end: the overload checks (one per factor), and a confirmation (three
-# pooled runs) at two rates at most
-FINAL_TRIALS = len(OVERLOAD_FACTORS) + 2 * RUNS
-MAX_STEPS_DOWN = 5  # a config that fails 2x below its first rate is not worth more trials
-ERROR_MARGIN = 0.5  # share of the error bound a confirmation may use: the rest is kept for bursts
-PAIRED = 3  # runs a challenge takes after its screening run: incumbent, incumbent, candidate (C I I C)
 
 
 @dataclass(frozen=True)
@@ -125,10 +117,11 @@ class Tuning:
 
 class Search:
     def __init__(self, trials: Trials, objective: Objective, bound: int, max_trials: int,
-                 log: Callable[[str], None], traits: ServerTraits | None = None):
+                 log: Callable[[str], None], traits: ServerTraits | None = None, rules: Rules = RULES):
         self.t, self.obj, self.bound, self.max_trials, self.log = trials, objective, bound, max_trials, log
         self.traits = traits  # what `tritonkit probe` found the server does with a bounded queue
-        self.noise = Noise()
+        self.rules = rules
+        self.noise = Noise(rules=rules)
         self.cm: CostModel | None = None
         # the last calibration run, to measure the machine's speed again at the end: (knobs,
         # clients, its most executed batch size, that size's mean compute ms)
@@ -147,7 +140,8 @@ class Search:
     def reserved(self) -> int:
         """Trials kept for the end: the overload checks and the confirmation (a fixed target rate
         is confirmed at that rate only: one set of three pooled runs)."""
-        return FINAL_TRIALS - RUNS if self.obj.rps else FINAL_TRIALS
+        r = self.rules
+        return r.final_trials - r.runs if self.obj.rps else r.final_trials
 
     @property
     def final_left(self) -> int:
@@ -177,10 +171,10 @@ class Search:
         while True:
             if runs:
                 t = runs[-1]
-                verdict = majority([r.passed for r in runs])
+                verdict = majority([r.passed for r in runs], self.rules)
                 if verdict is None and len(runs) == 1 and clear(
                         None if math.isinf(self.p95(t)) else t.p95_ms, t.passed, self.obj.target_p95_ms,
-                        self.noise.spread):
+                        self.noise.spread, self.rules):
                     verdict = t.passed
                 if verdict is None and self.budget_left <= 0:
                     verdict = 2 * sum(r.passed for r in runs) > len(runs)
@@ -215,16 +209,16 @@ class Search:
         best = self._score(k, rate, runs, ok)
         if ok:
             while self.budget_left > 0:
-                up = rate * RATE_STEP
+                up = rate * self.rules.rate_step
                 ok, runs = self.verdict_at(k, up, phase)
                 if not ok:
                     break
                 rate, best = up, self._score(k, up, runs, True)
         else:
-            for _ in range(MAX_STEPS_DOWN):
+            for _ in range(self.rules.max_steps_down):
                 if self.budget_left <= 0:
                     break
-                rate /= RATE_STEP
+                rate /= self.rules.rate_step
                 first = self.measure(k, rate, phase)
                 if not first.passed:
                     continue
@@ -252,26 +246,26 @@ class Search:
                 return s if s.passed else None
             c0 = s.runs[-1]  # neither holds the target rate: their P95s there decide, as below
         if not self.obj.rps:
-            if self.budget_left < RUNS:  # a verdict it could not finish would be wasted
+            if self.budget_left < self.rules.runs:  # a verdict it could not finish would be wasted
                 return None
-            above = inc.rate * RATE_STEP
+            above = inc.rate * self.rules.rate_step
             ok, runs = self.verdict_at(k, above, phase)
             self.log(f"    {'kept' if ok else 'not kept'}: {'holds' if ok else 'misses'} {above:.0f} req/s, the rung "
                      f"above the incumbent's {inc.rate:.0f}")
             return self.sustained(k, above, phase, given=runs) if ok else None
         rate = self.obj.rps
         if c0 is None:
-            if self.budget_left < 1 + PAIRED:  # a screening run that could not be followed up is wasted
+            if self.budget_left < 1 + self.rules.paired:  # a screening run that could not be followed up is wasted
                 return None
             c0 = self.measure(k, rate, phase)
         typical = self.noise.typical(_key(inc.knobs, rate))
-        if typical is None or self.p95(c0) >= typical or self.budget_left < PAIRED:
+        if typical is None or self.p95(c0) >= typical or self.budget_left < self.rules.paired:
             return None
         i1, i2 = self.measure(inc.knobs, rate, "incumbent"), self.measure(inc.knobs, rate, "incumbent")
         c1 = self.measure(k, rate, phase)
         pairs = [(self.p95(c0), self.p95(i1)), (self.p95(c1), self.p95(i2))]
         held = c0.passed and c1.passed
-        won = wins(pairs, self.noise.spread) and (held or not inc.passed)
+        won = wins(pairs, self.noise.spread, self.rules) and (held or not inc.passed)
         self.log(f"    {'kept' if won else 'not kept'}: P95 {_pairs(pairs)} ms against the incumbent's; "
                  f"noise {self.noise.spread:.2f}")
         return self._score(k, rate, [c0, c1], held) if won else None
@@ -280,11 +274,11 @@ class Search:
         """The winner's rate read from a line fitted to all its runs near its ladder rate (within
         two rungs), kept within one rung of it: where its typical P95 meets the target."""
         near = [(t.rate, self.p95(t)) for t in self.t.trials if t.label == s.knobs.label() and t.rate
-                and s.rate / RATE_STEP ** 2 <= t.rate <= s.rate * RATE_STEP ** 2]
-        rate = fitted_rate(near, self.obj.target_p95_ms)
+                and s.rate / self.rules.rate_step ** 2 <= t.rate <= s.rate * self.rules.rate_step ** 2]
+        rate = fitted_rate(near, self.obj.target_p95_ms) if self.rules.fit_rate else None
         if rate is None:
             return s
-        rate = min(max(rate, s.rate / RATE_STEP), s.rate * RATE_STEP)
+        rate = min(max(rate, s.rate / self.rules.rate_step), s.rate * self.rules.rate_step)
         self.log(f"    rate read from {len(near)} runs: {rate:.0f} req/s (ladder: {s.rate:.0f})")
         return replace(s, rate=rate)
 
@@ -296,7 +290,8 @@ class Search:
         points: list = []
         for clients in dict.fromkeys([1, max(1, self.bound // 2), max(2, 2 * self.bound)]):
             trial = self.t.run(k, self.t.closed_load(clients, seconds=1.0), "calibrate")
-            self.ceiling = max(self.ceiling, trial.ok_rps)
+            if self.rules.ceiling:
+                self.ceiling = max(self.ceiling, trial.ok_rps)
             if trial.batch_stats and (these := batch_points(*trial.batch_stats)):
                 points += these
                 b, _, ms = max(these, key=lambda p: p[1])
@@ -328,10 +323,10 @@ class Search:
         model's rough P95 meets the target (a rung too high or too low costs one clear run), and
         never above what the calibration's closed loop got through."""
         rate = min(cm.sustainable(k.items, k.instances), self.ceiling or math.inf)
-        for _ in range(MAX_STEPS_DOWN):
+        for _ in range(self.rules.max_steps_down):
             if predict_p95(cm, k, rate) <= self.obj.target_p95_ms:
                 break
-            rate /= RATE_STEP
+            rate /= self.rules.rate_step
         return rate
 
     # -- the whole search ------------------------------------------------------------------------
@@ -429,7 +424,7 @@ class Search:
         # down the ladder as far as the trials left allow: a box that slowed after the search may
         # hold only several rungs down, and trials kept for the end are worth spending on it
         confirmed = confirm(self.t, candidates, rate, step_down=not self.obj.rps,
-                            limit=self.final_left, objective=self.obj)
+                            limit=self.final_left, objective=self.obj, rules=self.rules)
         if confirmed is not None:
             tuning.best, tuning.confirmed = confirmed, True
 
@@ -442,9 +437,9 @@ class Search:
         if not rates or self.final_left <= 0:
             return
         self.log(f"== nothing held the target within the search; the spec's own config from "
-                 f"{min(rates) / RATE_STEP:.0f} req/s down, three pooled runs at the SLO itself")
-        confirmed = confirm(self.t, [k], min(rates) / RATE_STEP, step_down=True,
-                            limit=self.final_left, objective=self.obj)
+                 f"{min(rates) / self.rules.rate_step:.0f} req/s down, three pooled runs at the SLO itself")
+        confirmed = confirm(self.t, [k], min(rates) / self.rules.rate_step, step_down=True,
+                            limit=self.final_left, objective=self.obj, rules=self.rules)
         if confirmed is not None:
             tuning.best, tuning.confirmed = confirmed, True
             tuning.policy_note = "no protective queue policy was derived: nothing held the target within the search"
@@ -462,12 +457,12 @@ class Search:
             if self.final_left < self.reserved:
                 break  # the confirmation's trials stay reserved
             self.log(f"   overload check of {attempt.label()} at "
-                     f"{', '.join(f'{f:g}x' for f in OVERLOAD_FACTORS)} {capacity:.0f} req/s")
+                     f"{', '.join(f'{f:g}x' for f in self.rules.overload_factors)} {capacity:.0f} req/s")
             held = True
-            for factor in OVERLOAD_FACTORS:
+            for factor in self.rules.overload_factors:
                 check = self.t.run(attempt, self.t.open_load(factor * capacity), "overload", classes_for(b))
                 tuning.overload.append(check)
-                held = overload_holds(check, capacity, self.obj.slo_p95_ms)
+                held = overload_holds(check, capacity, self.obj.slo_p95_ms, self.rules.overload_goodput)
                 if not held:
                     break
             if held:
@@ -479,24 +474,25 @@ class Search:
         o = tuning.overload[-1]
         p95 = "-" if o.p95_ms is None else f"{o.p95_ms:.1f}"
         tuning.policy_note = (f"the protective queue policy failed its overload check: at {o.rate:.0f} req/s "
-                              f"{o.ok_rps:.0f} req/s served at P95 {p95} ms, against {OVERLOAD_GOODPUT:.0%} of "
+                              f"{o.ok_rps:.0f} req/s served at P95 {p95} ms, against "
+                              f"{self.rules.overload_goodput:.0%} of "
                               f"{capacity:.0f} req/s within {self.obj.slo_p95_ms:g} ms; the winner is written "
                               f"without it")
         return None
 
 
 def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: bool, objective: Objective,
-            limit: int | None = None) -> Score | None:
+            limit: int | None = None, rules: Rules = RULES) -> Score | None:
     """Measure again at `rate`: a candidate is confirmed where its runs, pooled, meet the SLO itself
     (`held`; the search aimed at the SLO less the margin), and the first one confirmed wins (later
-    ones are fallbacks). A rate that does not hold steps down, MAX_STEPS_DOWN rates at most (the
-    tuner's and the bench grid's winners alike); a fixed target rate is the only rate tried. At
-    most `limit` trials."""
-    end = len(trials.trials) + (limit if limit is not None else MAX_STEPS_DOWN * RUNS * len(candidates))
-    for r in [rate / RATE_STEP ** i for i in range(MAX_STEPS_DOWN)] if step_down else [rate]:
+    ones are fallbacks). A rate that does not hold steps down, `rules.max_steps_down` rates at most
+    (the tuner's and the bench grid's winners alike); a fixed target rate is the only rate tried.
+    At most `limit` trials."""
+    end = len(trials.trials) + (limit if limit is not None else rules.max_steps_down * rules.runs * len(candidates))
+    for r in [rate / rules.rate_step ** i for i in range(rules.max_steps_down)] if step_down else [rate]:
         for k in candidates:
             runs: list[Trial] = []
-            while (verdict := confirmation_verdict(runs, objective)) is None:
+            while (verdict := confirmation_verdict(runs, objective, rules)) is None:
                 if len(trials.trials) >= end:
                     return None
                 runs.append(trials.run(k, trials.open_load(r), "confirm"))
@@ -506,11 +502,16 @@ def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: boo
     return None
 
 
-def confirmation_verdict(runs: list[Trial], objective: Objective) -> bool | None:
+def confirmation_verdict(runs: list[Trial], objective: Objective, rules: Rules = RULES) -> bool | None:
     """A confirmation's verdict at one rate: the runs pooled against the SLO, and their errors
-    against ERROR_MARGIN of the bound (refusals come in bursts: confirmations at up to the whole
-    1% bound refused 1.8-2.0% in the 30 s load tests that checked them)."""
-    return pooled_verdict(runs, objective.slo_p95_ms, objective.max_error_ratio * ERROR_MARGIN)
+    against `rules.error_margin` of the bound (refusals come in bursts: confirmations at up to the
+    whole 1% bound refused 1.8-2.0% in the 30 s load tests that checked them). Without pooling,
+    the majority of the runs, each against the SLO."""
+    max_errors = objective.max_error_ratio * rules.error_margin
+    if not rules.pooled:
+        return majority([meets(t.p95_ms, objective.slo_p95_ms, t.error_ratio, max_errors) for t in runs], rules) \
+            if runs else None
+    return pooled_verdict(runs, objective.slo_p95_ms, max_errors, rules)
 
 
 def predict_p95(cm: CostModel, k: Knobs, rate: float) -> float:

@@ -15,16 +15,14 @@ from dataclasses import replace
 
 from tritonkit.slo import meets
 from tritonkit.stats import percentile
-from tritonkit.tuner.noise import RUNS
+from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.trials import Trial
 
-OVER_SHARE = 0.05  # a P95 lets this share of the requests exceed it
 
-
-def pooled_verdict(runs: list[Trial], limit_ms: float, max_error_ratio: float) -> bool | None:
-    """True once RUNS runs, pooled, have a P95 within `limit_ms` and errors within the bound. False
+def pooled_verdict(runs: list[Trial], limit_ms: float, max_error_ratio: float, rules: Rules = RULES) -> bool | None:
+    """True once `rules.runs` runs, pooled, have a P95 within `limit_ms` and errors within the bound. False
     as soon as a run measured nothing or could not be offered, or the requests over the limit (or
-    failed) so far are more than RUNS runs of this size may have. None while undecided."""
+    failed) so far are more than that many runs of this size may have. None while undecided."""
     if not runs:
         return None
     if any(not t.offered or t.p95_ms is None for t in runs):
@@ -32,10 +30,10 @@ def pooled_verdict(runs: list[Trial], limit_ms: float, max_error_ratio: float) -
     ok_per_run = statistics.mean(len(t.latencies_ms) for t in runs)
     over = sum(sum(1 for x in t.latencies_ms if x > limit_ms) for t in runs)
     failed = sum(t.error_ratio * t.requests for t in runs)
-    if over > OVER_SHARE * RUNS * ok_per_run or \
-            failed > max_error_ratio * RUNS * statistics.mean(t.requests for t in runs):
+    if over > rules.over_share * rules.runs * ok_per_run or \
+            failed > max_error_ratio * rules.runs * statistics.mean(t.requests for t in runs):
         return False
-    if len(runs) < RUNS:
+    if len(runs) < rules.runs:
         return None
     p = pooled(runs)
     return meets(p.p95_ms, limit_ms, p.error_ratio, max_error_ratio)

@@ -23,13 +23,8 @@ from tritonkit.server_traits import ServerTraits
 from tritonkit.slo import meets
 from tritonkit.spec import Batching, QueuePolicy
 from tritonkit.tuner.knobs import Knobs, max_instances
+from tritonkit.tuner.rules import RULES
 from tritonkit.tuner.trials import Trial
-
-OVERLOAD_FACTORS = (1.5, 3.0)
-# Under more load than it can take, a protected config must still serve this share of its
-# capacity within the SLO (the rest rejected fast); Triton 2.51's batcher can collapse instead.
-OVERLOAD_GOODPUT = 0.9
-DEFAULT_SHARE = 0.5  # of the capacity the default level drains at when interactive levels exist
 
 
 @dataclass(frozen=True)
@@ -80,7 +75,7 @@ def protect(k: Knobs, b: Batching, budget: Budget, capacity_rps: float,
         return QueuePolicy(timeout_action="REJECT", default_timeout_us=timeout_us, allow_timeout_override=True,
                            max_queue_size=size)
 
-    default = bounded(DEFAULT_SHARE if above else 1.0)
+    default = bounded(RULES.default_share if above else 1.0)
     levels = []
     for lv in above:
         policy = bounded(1.0)
@@ -106,6 +101,7 @@ def tightened(k: Knobs) -> Knobs:
     return replace(k, queue=half(k.queue), level_queues=tuple((lv, half(q)) for lv, q in k.level_queues))
 
 
-def overload_holds(t: Trial, capacity: float, slo_p95_ms: float) -> bool:
-    """Did a config keep serving about its capacity within the SLO while more load arrived?"""
-    return meets(t.p95_ms, slo_p95_ms) and t.ok_rps >= OVERLOAD_GOODPUT * capacity
+def overload_holds(t: Trial, capacity: float, slo_p95_ms: float, goodput: float = RULES.overload_goodput) -> bool:
+    """Did a config keep serving about its capacity within the SLO while more load arrived (the
+    rest rejected fast)? Triton 2.51's batcher can collapse instead."""
+    return meets(t.p95_ms, slo_p95_ms) and t.ok_rps >= goodput * capacity

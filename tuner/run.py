@@ -20,7 +20,8 @@ from tritonkit.tuner import outputs
 from tritonkit.tuner.knobs import from_spec
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.offline import Objective, Search, Tuning
-from tritonkit.tuner.settings import DEFAULT_MARGIN, TuneSettings, slo_for
+from tritonkit.tuner.rules import RULES
+from tritonkit.tuner.settings import TuneSettings, slo_for
 from tritonkit.tuner.trials import LocalServer, Trials, TrialWindow
 
 
@@ -43,14 +44,14 @@ def max_batch_bound(spec: Spec, model: str, limit: int | None = None) -> int:
 
 
 def objective_for(spec: Spec, model: str, p95_ms: float | None, rps: float | None,
-                  max_error_ratio: float, margin: float = DEFAULT_MARGIN) -> Objective:
+                  max_error_ratio: float, margin: float = RULES.slo_margin) -> Objective:
     return Objective(slo_for(spec, model, p95_ms), rps, max_error_ratio, margin)
 
 
 def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
                  p95_ms: float | None = None, rps: float | None = None,
                  max_trials: int = TuneSettings.max_trials, max_error_ratio: float = TuneSettings.max_errors,
-                 max_batch: int | None = None, window: TrialWindow | None = None, margin: float = DEFAULT_MARGIN,
+                 max_batch: int | None = None, window: TrialWindow | None = None, margin: float = RULES.slo_margin,
                  write_decision: bool = True, input_data: Path | None = None,
                  log: Callable[[str], None] = print) -> TuneResult:
     """`spec` is the command's resolved spec (configs.loader, against `repo`): a model that

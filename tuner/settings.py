@@ -6,12 +6,7 @@ from dataclasses import dataclass
 
 from tritonkit.errors import input_error, raise_flag_problems
 from tritonkit.spec import Spec
-
-# Share of the SLO the tuner holds back: its trials must meet 90% of it, so that the written config
-# still meets the SLO on a minute when this machine runs 10% slower; the confirmation then checks
-# the SLO itself on three runs pooled (runs of one config here lie about 20% apart).
-DEFAULT_MARGIN = 0.1
-
+from tritonkit.tuner.rules import RULES
 
 ENGINES = ("asyncio", "perf_analyzer")
 
@@ -33,7 +28,7 @@ class TuneSettings:
     max_trials: int = 30  # offline
     max_errors: float = 0.01  # offline: error ratio a trial may have
     max_batch: int | None = None  # offline: the largest max batch to try
-    margin: float = DEFAULT_MARGIN  # offline: share of the SLO held back
+    margin: float = RULES.slo_margin  # offline: share of the SLO held back
     max_trial_s: float = 8.0  # offline: the longest steady window of one trial
     engine: str = "asyncio"  # offline: the client that measures each trial (asyncio or perf_analyzer)
     interval_s: float = 5.0  # online: seconds per observation window

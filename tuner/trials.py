@@ -125,28 +125,19 @@ class Trials:
         # the P95 a trial must meet: the tuner's target, the SLO less its margin
         self.target_p95_ms, self.max_error_ratio, self.window, self.log = target_p95_ms, max_error_ratio, window, log
         self.trials: list[Trial] = []
-        self.current: Knobs | None = None
-        self.good: Knobs | None = None
-        self.live = LiveConfig(server, spec, repo, model, log)
+        self.live = LiveConfig(server, spec, repo, model, log)  # owns what is in force and what served last
 
     # -- putting knobs in force -------------------------------------------------------------
 
     def apply(self, k: Knobs) -> str | None:
         """Make `k` the serving config. None when it serves; otherwise why not (and the
         last-known-good config is serving again)."""
-        if k == self.current:
+        if k == self.live.current_knobs:
             return None
         try:
-            refused = self.live.apply_knobs(self.spec, k)
+            return self.live.apply_knobs(self.spec, k)
         except InputError as e:  # the kit's own rules refuse it: nothing was written
             return f"refused by the rules: {e}"
-        self.current = self.good if refused else k
-        return refused
-
-    def _recover(self) -> None:
-        """Write the last-known-good config back and serve it, restarting the server if it died."""
-        self.live.restore()
-        self.current = self.good
 
     # -- measuring ----------------------------------------------------------------------------
 
@@ -163,7 +154,6 @@ class Trials:
                 out, trial.engine = self._send(load, classes)
                 self._fill(trial, build_result(self.model, load, classes, out), out)
                 trial.batch_stats = (out.stats_before or {}, out.stats_after or {})
-                self.good = k
                 self.live.keep()
             except KitError as e:
                 trial.note = f"measurement failed: {str(e)[:200]}"
@@ -171,7 +161,7 @@ class Trials:
                 trial.passed = False
                 trial.note = "tritonserver died during the trial"
                 self.log(f"    {trial.note}")
-                self._recover()
+                self.live.restore()
         trial.seconds = round(time.perf_counter() - t0, 2)
         self.trials.append(trial)
         p95 = "-" if trial.p95_ms is None else f"{trial.p95_ms:.1f}"

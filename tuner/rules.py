@@ -1,0 +1,55 @@
+"""Every number the tuner decides with, in one object, each with the reason for its value.
+
+The offline search (`tuner/offline.py`), its noise rules (`tuner/noise.py`), the pooled
+confirmation (`tuner/pooled.py`), the cost model (`tuner/costmodel.py`), the knobs' ladder
+(`tuner/knobs.py`) and the protective queue policy (`tuner/protect.py`) read them from here, so a
+rule can be switched off in one place to see what it is worth (`tritonkit bench ablation`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Rules:
+    # -- the cost model --------------------------------------------------------------------------
+    headroom: float = 0.8  # share of a config's capacity a rate may fill: queueing near 100% breaks any SLO
+    min_executions: int = 3  # a batch size Triton ran fewer times than this is noise in the fit
+    delay_step_us: int = 100  # no false precision in a delay
+    delays_us: tuple[int, ...] = (0, 500, 2000, 8000)  # the delay knob's ladder, for the search and the grid
+
+    # -- rates ---------------------------------------------------------------------------------
+    rate_step: float = 1.15  # the rate ladder: the resolution of a throughput figure
+    max_steps_down: int = 5  # a config that fails 2x below its first rate is not worth more trials
+    # no first rate above what the calibration's closed loop got through: the client shares the
+    # machine with the server (predicted rates ran 1.7x past it on an overhead-bound model)
+    ceiling: bool = True
+    fit_rate: bool = True  # the winner's rate read from a line through its runs near the edge
+
+    # -- noise (tuner/noise.py) ------------------------------------------------------------------
+    prior_spread: float = 0.2  # repeated runs near capacity on a shared 2-core box spread 0.1 to 0.4 (log P95)
+    prior_weight: float = 2.0  # the prior counts as this many repeats until the machine's own come in
+    min_spread: float = 0.03  # a P95 of a few thousand requests is never more exact than this
+    clear: float = 2.0  # spreads from the target at which one run decides (math.inf: never one run)
+    runs: int = 3  # runs at most for a majority verdict, and runs pooled in a confirmation
+    z: float = 1.64  # one-sided 95%: a candidate's gain in P95 must be this many standard errors
+    min_gain: float = 0.05  # and at least this much (log P95), however quiet the machine
+    paired: int = 3  # runs a latency challenge takes after its screening run: I, I, C (C I I C)
+
+    # -- what is promised ------------------------------------------------------------------------
+    slo_margin: float = 0.1  # share of the SLO every trial holds back, for a minute 10% slower
+    pooled: bool = True  # a confirmation pools its runs' requests (False: the majority of its runs)
+    over_share: float = 0.05  # a P95 lets this share of the requests exceed it
+    error_margin: float = 0.5  # share of the error bound a confirmation may use: refusals come in bursts
+    overload_factors: tuple[float, ...] = (1.5, 3.0)  # a protective queue policy is checked at these x capacity
+    overload_goodput: float = 0.9  # ... and must serve this share of the capacity within the SLO there
+    default_share: float = 0.5  # of the capacity the default level drains at when interactive levels exist
+
+    @property
+    def final_trials(self) -> int:
+        """Trials kept for the end: the overload checks, and a confirmation at two rates at most."""
+        return len(self.overload_factors) + 2 * self.runs
+
+
+RULES = Rules()
