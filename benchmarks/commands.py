@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tritonkit.benchmarks.ablation import SEEDS, run_ablation
 from tritonkit.benchmarks.cases import CASES
 from tritonkit.benchmarks.floor import run_floor_bench
 from tritonkit.benchmarks.footprint import run_footprint
@@ -93,6 +94,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
         run_serving_bench(a.out / "serving", max_batch=a.max_batch, threads=a.threads, instances=a.instances,
                           seconds=a.seconds, log=say)
         say(f"wrote {a.out / 'serving' / 'bench_serving.json'}")
+    elif a.what == "ablation":
+        real = sorted(Path(a.real).glob("*/tune*/trials.json")) if a.real else []
+        if a.real and not real:
+            raise InputError([Problem(str(a.real), "--real", "no tuning's trials.json under it",
+                                      "give the folder `tritonkit bench versus` wrote (out/bench/versus)")])
+        run_ablation(a.out / "ablation", real=real, seeds=SEEDS, log=say)
+        say(f"wrote {a.out / 'ablation' / 'bench_ablation.json'}")
     elif a.what == "footprint":
         run_footprint(a.out / "footprint", log=say)
         say(f"wrote {a.out / 'footprint' / 'footprint.json'}")
@@ -108,7 +116,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 def register(sub) -> None:
     sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
     sp.add_argument("what", choices=["generators", "tuner", "floor", "overload", "serving", "footprint", "routing",
-                                     "peer", "versus"],
+                                     "peer", "versus", "ablation"],
                     help="generators: Locust HTTP vs asyncio gRPC capacity and distortion, and one load through all "
                          "three engines; "
                          "peer: Model Analyzer's quick search (the [peer] extra), then perf_analyzer judging its "
@@ -116,6 +124,8 @@ def register(sub) -> None:
                          "versus: the tuner against Model Analyzer from a naive start on built-in cases "
                          "(--case), both winners judged by perf_analyzer; "
                          "tuner: the tuner against an exhaustive grid over the same knobs; "
+                         "ablation: each of the tuner's noise rules switched off, on a simulated noisy world "
+                         "(and counted in the real tunings under --real); "
                          "floor: one config's figure measured again and again (how closely two figures "
                          "measured on this box can agree); "
                          "overload: the spec's and the tuned config at 0.8x, 1.5x and 3x their capacity; "
@@ -136,6 +146,8 @@ def register(sub) -> None:
                          "the three engines' agreement runs (default 3)")
     sp.add_argument("--case", action="append", choices=list(CASES),
                     help="versus: a case to run (repeatable; default: all of them)")
+    sp.add_argument("--real", type=Path,
+                    help="ablation: the folder `bench versus` wrote, whose tunings' trials are counted too")
     sp.add_argument("--kit-runs", type=int, default=1,
                     help="versus: run `tune` this many times per case, every winner judged in the same rounds")
     sp.add_argument("--model-analyzer-from", type=Path,

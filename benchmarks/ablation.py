@@ -1,0 +1,139 @@
+"""`tritonkit bench ablation`: what each of the tuner's noise rules is worth.
+
+Each rule is switched off in the one Rules object (tuner/rules.py) and the offline search runs
+again, on two kinds of evidence:
+
+- the simulated world (tuner/simulated.py): the same model tuned SEEDS times, each time with its
+  own run-to-run noise and drift, where the true edge of every config is known. A rule earns its
+  place when removing it makes picks miss the SLO, scatter, or cost more trials;
+- the trials that real tunings recorded (`bench versus` writes them): what the rule decided there,
+  counted from the runs themselves (how many rungs one clear run settled, where a pooled
+  confirmation and a majority of the same runs disagreed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from tritonkit.files import write_bytes_atomic
+from tritonkit.loadtests.results import SCHEMA
+from tritonkit.slo import meets
+from tritonkit.tuner.knobs import Knobs, grid, powers_of_two
+from tritonkit.tuner.noise import clear
+from tritonkit.tuner.offline import Objective, Search, predict_p95
+from tritonkit.tuner.rules import RULES, Rules
+from tritonkit.tuner.simulated import SLO_MS, WORLD, NoisySimulatedTrials, best_sustained
+
+SEEDS = 20
+START = Knobs(16, 8000, 1)  # the simulated world's spec config
+MAX_TRIALS = 30
+
+VARIANTS: dict[str, Rules] = {
+    "all rules": RULES,
+    "no one-run verdict (always a majority of 3)": replace(RULES, clear=math.inf),
+    "one run decides every rate": replace(RULES, runs=1),
+    "no pooled confirmation (majority of 3 runs)": replace(RULES, pooled=False),
+    "no SLO margin": replace(RULES, slo_margin=0.0),
+    "no fitted rate (the ladder's rung)": replace(RULES, fit_rate=False),
+}
+
+
+def simulate(rules: Rules, seeds: int = SEEDS) -> dict:
+    """SEEDS tunings of the noisy world with `rules`: how many confirmed, how far their confirmed
+    rates lie from the best config's true edge, how many of them really miss the SLO there, how
+    scattered the picks are, and the trials they took."""
+    objective = Objective(SLO_MS, margin=rules.slo_margin)
+    best = max(best_sustained(k) for k in grid(powers_of_two(16)))
+    picks, trials = [], []
+    for seed in range(seeds):
+        sim = NoisySimulatedTrials(seed, objective.target_p95_ms)
+        t = Search(sim, objective, bound=16, max_trials=MAX_TRIALS, log=lambda s: None, rules=rules).run(START)
+        trials.append(len(sim.trials))
+        if t.confirmed and t.best.rate:
+            picks.append((replace(t.best.knobs, queue=None, level_queues=()), t.best.rate))
+    true_p95 = [predict_p95(WORLD, k, r) for k, r in picks]
+    over = [p / SLO_MS for p in true_p95 if p > SLO_MS]
+    labels = [k.label() for k, _ in picks]
+    common = max(set(labels), key=labels.count) if labels else None
+    rates = [r for _, r in picks]
+    return {"confirmed": len(picks), "seeds": seeds,
+            "median_rate_of_best": round(statistics.median(rates) / best, 3) if rates else None,
+            "miss_slo": len(over), "worst_true_p95_of_slo": round(max(over), 3) if over else None,
+            "same_pick": labels.count(common) if common else 0, "common_pick": common,
+            "mean_trials": round(statistics.mean(trials), 1)}
+
+
+def from_real_trials(trials_files: list[Path], rules: Rules = RULES) -> dict:
+    """What two rules decided in recorded tunings: rungs that one clear run settled (each would
+    have taken a second run, or a third, without it), and confirmations whose pooled verdict
+    differs from the majority of the same runs."""
+    one_run = rungs = 0
+    disagree: list[str] = []
+    confirmations = 0
+    for f in trials_files:
+        d = json.loads(Path(f).read_text())
+        target = d["objective"]["target_p95_ms"]
+        slo, bound = d["objective"]["slo_p95_ms"], d["objective"]["max_error_ratio"]
+        by_rung: dict[tuple, list[dict]] = {}
+        for t in d["trials"]:
+            if t["rate"] and t["phase"] not in ("confirm", "overload", "calibrate", "speed"):
+                by_rung.setdefault((t["label"], round(t["rate"], 1)), []).append(t)
+        spread = (d.get("noise") or {}).get("spread") or rules.prior_spread
+        for runs in by_rung.values():
+            rungs += 1
+            first = runs[0]
+            settled = first["p95_ms"] is not None and clear(first["p95_ms"], first["passed"], target, spread, rules)
+            one_run += len(runs) == 1 and settled
+        # a confirmation rung's pooled verdict is what the tuning did next: it stopped there
+        # (confirmed) or stepped down to the next rung
+        confirm: dict[tuple, list[dict]] = {}
+        for t in d["trials"]:
+            if t["phase"] == "confirm":
+                confirm.setdefault((t["label"], round(t["rate"], 1)), []).append(t)
+        for i, ((label, rate), runs) in enumerate(confirm.items()):
+            if len(runs) < rules.runs:
+                continue
+            confirmations += 1
+            pooled_held = i == len(confirm) - 1 and bool(d.get("confirmed"))
+            majority_held = sum(meets(t["p95_ms"], slo, t["error_ratio"], bound) for t in runs) > len(runs) // 2
+            if pooled_held != majority_held:
+                said = {True: "held", False: "failed"}
+                disagree.append(f"{Path(f).parent.parent.name}: {label} at {rate:.0f} req/s, pooled "
+                                f"{said[pooled_held]}, majority {said[majority_held]}")
+    return {"files": len(trials_files), "rungs": rungs, "settled_by_one_clear_run": one_run,
+            "confirmations": confirmations, "pooled_differs_from_majority": disagree}
+
+
+def run_ablation(out_dir: Path, *, real: list[Path], seeds: int = SEEDS,
+                 log: Callable[[str], None] = print) -> dict:
+    table = {}
+    for name, rules in VARIANTS.items():
+        table[name] = simulate(rules, seeds)
+        log(f"  {name}: {table[name]}")
+    result = {"schema": SCHEMA, "kind": "bench/ablation", "seeds": seeds, "simulated": table,
+              "real": from_real_trials(real) if real else None}
+    write_bytes_atomic(Path(out_dir) / "bench_ablation.json", json.dumps(result, indent=2).encode())
+    log(format_ablation(result))
+    return result
+
+
+def format_ablation(r: dict) -> str:
+    lines = [f"the simulated world, {r['seeds']} noisy tunings per row (true edge known)",
+             f"{'rules':<46}{'confirmed':>10}{'rate/best':>10}{'miss SLO':>9}{'worst':>7}{'same pick':>10}"
+             f"{'trials':>8}"]
+    for name, s in r["simulated"].items():
+        worst = "-" if s["worst_true_p95_of_slo"] is None else f"{s['worst_true_p95_of_slo']:.2f}"
+        rate = "-" if s["median_rate_of_best"] is None else f"{s['median_rate_of_best']:.2f}"
+        lines.append(f"{name:<46}{s['confirmed']:>10}{rate:>10}{s['miss_slo']:>9}{worst:>7}"
+                     f"{s['same_pick']:>10}{s['mean_trials']:>8}")
+    if r.get("real"):
+        x = r["real"]
+        lines.append(f"real tunings ({x['files']}): {x['settled_by_one_clear_run']} of {x['rungs']} rungs settled by "
+                     f"one clear run; {len(x['pooled_differs_from_majority'])} of {x['confirmations']} "
+                     f"confirmations where the pooled verdict and a majority of the same runs disagree")
+    return "\n".join(lines)
