@@ -6,6 +6,7 @@ Triton does not know cannot be written, and text_format prints it the way Triton
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.resources
 from dataclasses import dataclass
@@ -18,11 +19,12 @@ from tritonkit import onnx_io
 from tritonkit.build_engines import gpu
 from tritonkit.build_engines.artifacts import serving_batch, serving_problems
 from tritonkit.configs.loader import check
+from tritonkit.configs.pipelines import ensemble_steps, wires_of
 from tritonkit.errors import InputError, Problem
 from tritonkit.files import copy_file_atomic, write_bytes_atomic
 from tritonkit.input_rules import PARAMETER, InputRule, rules_parameter
 from tritonkit.inputs import Sampler
-from tritonkit.spec import ModelSpec, QueuePolicy, Spec, TensorSpec
+from tritonkit.spec import ModelSpec, PipelineSpec, QueuePolicy, Spec, TensorSpec
 
 VERSION = "1"  # one served version per model; the repository is regenerated, not versioned by hand
 RUNNER_FILE = "runner_model.py"
@@ -62,27 +64,14 @@ def resolve_runtime(m: ModelSpec, target: str) -> str:
     return "python-onnxruntime" if target == "local" else "onnxruntime"
 
 
-def _merge(declared: list[TensorSpec] | None, graph: tuple[onnx_io.GraphTensor, ...],
-           batched: bool) -> tuple[TensorSpec, ...]:
-    """Spec tensors win field by field; what they leave out comes from the graph."""
-    from_graph = {t.name: onnx_io.per_sample(t, batched) for t in graph}
-    if declared is None:
-        return tuple(from_graph.values())
-    out = []
-    for t in declared:
-        g = from_graph[t.name]
-        out.append(t.model_copy(update={"dtype": t.dtype or g.dtype, "dims": t.dims if t.dims is not None else g.dims}))
-    return tuple(out)
-
-
 def resolve(spec: Spec, m: ModelSpec, target: str = "local", out: Path | None = None) -> ResolvedModel:
     path = spec.onnx_path(m)
     io = onnx_io.read_io(path)
     batched = m.max_batch_size > 0
     runtime = resolve_runtime(m, target)
     max_batch, profiles = serving_batch(spec, m, out, runtime)
-    return ResolvedModel(m, path, runtime, _merge(m.inputs, io.inputs, batched),
-                         _merge(m.outputs, io.outputs, batched), max_batch, profiles)
+    return ResolvedModel(m, path, runtime, onnx_io.merged(m.inputs, io.inputs, batched),
+                         onnx_io.merged(m.outputs, io.outputs, batched), max_batch, profiles)
 
 
 def _queue_policy(p: QueuePolicy) -> mc.ModelQueuePolicy:
@@ -183,6 +172,37 @@ def build_config(r: ResolvedModel) -> mc.ModelConfig:
     return cfg
 
 
+def build_ensemble(p: PipelineSpec, resolved: dict[str, ResolvedModel]) -> mc.ModelConfig:
+    """A checked pipeline as Triton's ensemble: its tensors as their first reader (inputs) and
+    their writer (outputs) declare them; it batches up to the smallest max batch of its steps (each
+    step gets whole batches of the ensemble's requests); the input rules are its readers'."""
+    steps = [resolved[s.model] for s in p.steps]
+    sizes = [r.spec.max_batch_size if r.max_batch_size is None else r.max_batch_size for r in steps]
+    max_batch = min(sizes) if all(sizes) else 0
+    cfg = mc.ModelConfig(name=p.name, platform="ensemble", max_batch_size=max_batch)
+    inputs, outputs = wires_of(p, {n: (r.inputs, r.outputs) for n, r in resolved.items()})
+    rules = []
+    for t, model in inputs:
+        _tensor(cfg.input.add, t, max_batch > 0)
+        own = next(o for s in p.steps if s.model == model for o, w in s.inputs.items() if w == t.name)
+        rule = next(x for x in input_rules(resolved[model]) if x.name == own)
+        rules.append(dataclasses.replace(rule, name=t.name))
+    for t in outputs:
+        _tensor(cfg.output.add, t, max_batch > 0)
+    cfg.parameters[PARAMETER].string_value = rules_parameter(rules)
+    ensemble_steps(cfg, p)
+    return cfg
+
+
+def write_ensemble(p: PipelineSpec, cfg: mc.ModelConfig, out: Path) -> WriteReport:
+    """An ensemble's folder: an empty version folder (Triton needs one) and its config."""
+    folder = out / p.name
+    (folder / VERSION).mkdir(parents=True, exist_ok=True)
+    cfg_path = folder / "config.pbtxt"
+    changed = [cfg_path] if write_bytes_atomic(cfg_path, render(cfg).encode(), keep_previous=True) else []
+    return WriteReport(p.name, "ensemble", cfg_path, changed)
+
+
 def render(cfg: mc.ModelConfig) -> str:
     return text_format.MessageToString(cfg)
 
@@ -250,7 +270,8 @@ def _engine_problems(spec: Spec, resolved: list[ResolvedModel], out: Path) -> li
 
 def generate(spec: Spec, out: Path, target: str = "local", models: list[str] | None = None) -> list[WriteReport]:
     """Write the repository folders of a resolved spec (configs.loader; a variant of one is checked
-    here first). Every config is built in memory before the disk is touched."""
+    here first): its models, and its pipelines where every model is written (`models` None).
+    Every config is built in memory before the disk is touched."""
     if not spec.checked:
         check(spec)  # a variant (the tuner's, the sweep's): every rule again, nothing parsed
     out = Path(out)
@@ -260,4 +281,7 @@ def generate(spec: Spec, out: Path, target: str = "local", models: list[str] | N
     if problems:
         raise InputError(problems)
     configs = [build_config(r) for r in resolved]
-    return [write_model(r, cfg, out) for r, cfg in zip(resolved, configs)]
+    by_name = {r.spec.name: r for r in resolved}
+    ensembles = [(p, build_ensemble(p, by_name)) for p in spec.pipelines] if models is None else []
+    return [write_model(r, cfg, out) for r, cfg in zip(resolved, configs)] + \
+        [write_ensemble(p, cfg, out) for p, cfg in ensembles]

@@ -7,6 +7,7 @@ them here turns a server log line into an error that names the deploy.yaml field
 from __future__ import annotations
 
 from tritonkit import onnx_io
+from tritonkit.configs.pipelines import pipeline_problems
 from tritonkit.errors import Problem
 from tritonkit.spec import Batching, ModelSpec, QueuePolicy, ServerSpec, Spec, TensorSpec
 
@@ -34,7 +35,22 @@ def spec_problems(spec: Spec, check_onnx: bool = True) -> list[Problem]:
                 problems += shape_range_rules(file, f"{at}.{kind}[{j}]", t, dims)
         if io is not None:
             problems += onnx_io.check_against_graph(file, at, m, io)
-    return problems
+    return problems + pipeline_problems(spec, served_tensors(spec) if check_onnx else None)
+
+
+def served_tensors(spec: Spec):
+    """A model's (inputs, outputs) as Triton serves them, None where its graph cannot be read."""
+    def tensors(m: ModelSpec) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]] | None:
+        try:
+            io = onnx_io.read_io(spec.onnx_path(m))
+        except onnx_io.OnnxReadError:
+            return None
+        batched = m.max_batch_size > 0
+        try:
+            return onnx_io.merged(m.inputs, io.inputs, batched), onnx_io.merged(m.outputs, io.outputs, batched)
+        except KeyError:  # a declared tensor the graph lacks: reported by check_against_graph
+            return None
+    return tensors
 
 
 def duplicate_names(file: str, spec: Spec) -> list[Problem]:

@@ -92,9 +92,9 @@ def deploy_problems(spec: Spec) -> list[Problem]:
     if d.kit_image and not kit_image:
         problems.append(Problem(spec.shown, "deploy.kit_image", f"{d.kit_image!r} is not an image reference",
                                 "use registry/repository:tag"))
-    if d.locust.model and d.locust.model not in names:
-        problems.append(Problem(spec.shown, "deploy.locust.model", f"no model named {d.locust.model!r}",
-                                f"use one of: {', '.join(names)}"))
+    if d.locust.model and d.locust.model not in spec.served():
+        problems.append(Problem(spec.shown, "deploy.locust.model", f"no model or pipeline named {d.locust.model!r}",
+                                f"use one of: {', '.join(spec.served())}"))
     if d.engines.source == "fetch" and not d.engines.url:
         problems.append(Problem(spec.shown, "deploy.engines.url", "source fetch needs the archive's URL",
                                 "set deploy.engines.url (an archive of <model>/1/ folders)"))
@@ -113,6 +113,7 @@ def chart_values(spec: Spec, repo: Path) -> dict:
     d = spec.data.deploy
     s = spec.server
     names = [m.name for m in spec.models]
+    served = spec.served()  # what the server loads: the models, then the pipelines (ensembles) over them
     kit_image = _image(d.kit_image) if d.kit_image else {}
     ports = {k: getattr(s, f"{k}_port") or v for k, v in DEFAULT_PORTS.items()}
     engines: dict = {"source": d.engines.source}
@@ -131,7 +132,7 @@ def chart_values(spec: Spec, repo: Path) -> dict:
         "platform": d.platform,
         "image": {"tag": d.triton_version},
         "replicaCount": d.replicas,
-        "models": names,
+        "models": served,
         "server": {
             "ports": ports,
             "gpuMetrics": d.gpus > 0,
@@ -143,7 +144,7 @@ def chart_values(spec: Spec, repo: Path) -> dict:
         "runtimeClassName": d.runtime_class if d.runtime_class is not None else
         ("nvidia" if d.platform == "jetson" else ""),
         "nodeSelector": d.node_selector,
-        "modelRepository": {"configs": {n: (Path(repo) / n / "config.pbtxt").read_text() for n in names}},
+        "modelRepository": {"configs": {n: (Path(repo) / n / "config.pbtxt").read_text() for n in served}},
         "engines": engines,
         "service": {"ports": {"http": ports["http"], "grpc": ports["grpc"]}},
         "metrics": {"service": {"port": ports["metrics"]}, "serviceMonitor": {"enabled": d.service_monitor}},

@@ -86,6 +86,18 @@ def per_sample(t: GraphTensor, batched: bool) -> TensorSpec:
     return TensorSpec(name=t.name, dtype=t.dtype, dims=dims)
 
 
+def merged(declared: list[TensorSpec] | None, graph: tuple[GraphTensor, ...], batched: bool) -> tuple[TensorSpec, ...]:
+    """A model's tensors as served: the spec's win field by field; what they leave out comes from the graph."""
+    from_graph = {t.name: per_sample(t, batched) for t in graph}
+    if declared is None:
+        return tuple(from_graph.values())
+    out = []
+    for t in declared:
+        g = from_graph[t.name]
+        out.append(t.model_copy(update={"dtype": t.dtype or g.dtype, "dims": t.dims if t.dims is not None else g.dims}))
+    return tuple(out)
+
+
 def check_against_graph(file: str, at: str, model: ModelSpec, io: GraphIO) -> list[Problem]:
     """Names, dtypes and ranks in the spec must match the graph; the batch axis must be dynamic."""
     problems: list[Problem] = []

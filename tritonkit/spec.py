@@ -121,6 +121,26 @@ class ModelSpec(_Strict):
     build: BuildSpec = Field(default_factory=BuildSpec)
 
 
+class PipelineStep(_Strict):
+    """One model of a pipeline and the tensors it reads and writes, as Triton's ensemble steps map
+    them: the model's own tensor name -> the pipeline's tensor name."""
+
+    model: str
+    inputs: dict[str, str] = Field(min_length=1)
+    outputs: dict[str, str] = Field(min_length=1)
+
+
+class PipelineSpec(_Strict):
+    """A chain (or tree) of the spec's models served as one Triton ensemble. `inputs` are the
+    pipeline tensors a client sends, `outputs` the ones it gets back; each step's maps name them."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+    inputs: list[str] = Field(min_length=1)
+    outputs: list[str] = Field(min_length=1)
+    steps: list[PipelineStep] = Field(min_length=1)
+    slo: Slo = Field(default_factory=Slo)
+
+
 class RestrictedKey(_Strict):
     """The header that guards the model-repository API (load/unload). The value comes from the
     environment, never from this file, so a spec can be committed without a secret in it."""
@@ -190,6 +210,7 @@ class DeploySettings(_Strict):
 
 class DeploySpec(_Strict):
     models: list[ModelSpec] = Field(min_length=1)
+    pipelines: list[PipelineSpec] = Field(default_factory=list)
     server: ServerSpec = Field(default_factory=ServerSpec)
     deploy: DeploySettings = Field(default_factory=DeploySettings)
 
@@ -213,6 +234,18 @@ class Spec:
     @property
     def server(self) -> ServerSpec:
         return self.data.server
+
+    @property
+    def pipelines(self) -> list[PipelineSpec]:
+        return self.data.pipelines
+
+    def pipeline(self, name: str) -> PipelineSpec | None:
+        """The pipeline of that name, None when `name` is not one (a model's name, or unknown)."""
+        return next((p for p in self.pipelines if p.name == name), None)
+
+    def served(self) -> list[str]:
+        """Every name a client can send requests to: the models, then the pipelines."""
+        return [m.name for m in self.models] + [p.name for p in self.pipelines]
 
     def onnx_path(self, model: ModelSpec) -> Path:
         return model.onnx if model.onnx.is_absolute() else (self.path.parent / model.onnx)

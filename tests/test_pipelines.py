@@ -1,0 +1,173 @@
+"""Pipelines as Triton ensembles: every check before anything is written (one bad spec per
+check, through the real command: exit 2, the field path and a fix, nothing on disk), and a
+three-step pipeline with a fan-out served by the real server, whose answers equal the chain run
+step by step in ONNX Runtime."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from tests import pipeline_models as pm
+from tests.conftest import tritonkit, write_spec
+
+
+@pytest.fixture(scope="module")
+def pipeline_onnx(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pipeline_onnx")
+    pm.write_all(d)
+    return d
+
+
+def _step(spec: dict, i: int) -> dict:
+    return spec["pipelines"][0]["steps"][i]
+
+
+def _extra(pipeline_onnx, name: str, onnx_name: str | None = None, **kw) -> dict:
+    return {"name": name, "onnx": str(pipeline_onnx / f"{onnx_name or name}.onnx"), "max_batch_size": 8,
+            "warmup": False, **kw}
+
+
+BAD = {
+    # each step's model is in the spec
+    "unknown model": (lambda s, d: _step(s, 1).update(model="box_headz"),
+                      "pipelines[0].steps[1].model", "no model named 'box_headz'"),
+    # every mapped name exists on both sides
+    "no such model input": (lambda s, d: _step(s, 1).update(inputs={"feats": "feat"}),
+                            "pipelines[0].steps[1].inputs.feats", "box_head has no input 'feats'"),
+    "no such model output": (lambda s, d: _step(s, 2).update(outputs={"probs": "scores"}),
+                             "pipelines[0].steps[2].outputs.probs", "class_head has no output 'probs'"),
+    "nothing writes it": (lambda s, d: _step(s, 1).update(inputs={"feat": "featz"}),
+                          "pipelines[0].steps[1].inputs.feat", "no step writes pipeline tensor 'featz'"),
+    "written twice": (lambda s, d: _step(s, 2).update(outputs={"scores": "boxes"}),
+                      "pipelines[0].steps[2].outputs.scores", "is already written by steps[1]"),
+    "written, never read": (lambda s, d: s["pipelines"][0].update(outputs=["boxes"]),
+                            "pipelines[0].steps[2].outputs.scores", "is written but nothing reads it"),
+    # dtypes agree
+    "dtype": (lambda s, d: (s["models"].append(_extra(d, "int_head")),
+                            _step(s, 1).update(model="int_head", inputs={"ids": "feat"}, outputs={"out": "boxes"})),
+              "pipelines[0].steps[1].inputs.ids", "'feat' is FP32 from steps[0] (backbone output features), but "
+                                                  "int_head input ids takes INT64"),
+    # dims compatible
+    "dims": (lambda s, d: (s["models"].append(_extra(d, "narrow_head")),
+                           _step(s, 1).update(model="narrow_head")),
+             "pipelines[0].steps[1].inputs.feat", "has dims [64] from steps[0] (backbone output features), but "
+                                                  "narrow_head input feat takes [32]"),
+    # batch axes agree
+    "batch axes": (lambda s, d: s["models"][1].update(max_batch_size=0, batching={"enabled": False}),
+                   "pipelines[0].steps[1].model", "box_head has no batch axis"),
+    # the pipeline's inputs and outputs are all used
+    "unused input": (lambda s, d: s["pipelines"][0].update(inputs=["image", "depth"]),
+                     "pipelines[0].inputs[1]", "no step reads pipeline input 'depth'"),
+    "output never written": (lambda s, d: s["pipelines"][0].update(outputs=["boxes", "scores", "masks"]),
+                             "pipelines[0].outputs[2]", "no step writes pipeline output 'masks'"),
+    "unmapped model input": (lambda s, d: _step(s, 0).update(inputs={}),
+                             "pipelines[0].steps[0].inputs", "should have at least 1 item"),
+    # no cycles
+    "cycle": (lambda s, d: (s["models"].extend([_extra(d, "relay_a", "relay"), _extra(d, "relay_b", "relay")]),
+                            s["pipelines"][0]["steps"].extend([
+                                {"model": "relay_a", "inputs": {"x": "loop_b"}, "outputs": {"y": "loop_a"}},
+                                {"model": "relay_b", "inputs": {"x": "loop_a"}, "outputs": {"y": "loop_b"}}])),
+              "pipelines[0].steps", "the steps form a cycle: steps[3] (relay_a) -> steps[4] (relay_b) -> steps[3]"),
+    # a name of its own
+    "name clash": (lambda s, d: s["pipelines"][0].update(name="backbone"),
+                   "pipelines[0].name", "'backbone' is already the name of a model"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_bad_pipeline_is_refused_before_anything_is_written(case, tmp_path, pipeline_onnx):
+    change, field, message = BAD[case]
+    spec = pm.camera_spec(pipeline_onnx)
+    change(spec, pipeline_onnx)
+    path = write_spec(tmp_path, spec)
+    repo = tmp_path / "repo"
+    r = tritonkit("configs", "--spec", str(path), "--out", str(repo))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert field in r.stderr and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert not repo.exists()  # nothing written, not even the models that were fine
+
+
+def test_a_good_pipeline_generates_its_ensemble_through_the_schema(tmp_path, pipeline_onnx):
+    from tritonkit.configs.generate import generate, parse
+    from tritonkit.configs.loader import load_spec
+
+    path = write_spec(tmp_path, pm.camera_spec(pipeline_onnx))
+    reports = generate(load_spec(path), tmp_path / "repo")
+    assert [r.model for r in reports] == ["backbone", "box_head", "class_head", "camera"]
+    cfg = parse((tmp_path / "repo" / "camera" / "config.pbtxt").read_text())
+    assert cfg.platform == "ensemble" and cfg.max_batch_size == 8
+    assert [(i.name, list(i.dims)) for i in cfg.input] == [("image", [32])]
+    assert [(o.name, list(o.dims)) for o in cfg.output] == [("boxes", [4]), ("scores", [10])]
+    steps = cfg.ensemble_scheduling.step
+    assert [s.model_name for s in steps] == ["backbone", "box_head", "class_head"]
+    assert dict(steps[0].output_map) == {"features": "feat"} and dict(steps[2].input_map) == {"feat": "feat"}
+    assert (tmp_path / "repo" / "camera" / "1").is_dir()
+
+
+def _chain(pipeline_onnx, x: np.ndarray) -> dict[str, np.ndarray]:
+    def run(name: str, feed: dict) -> list[np.ndarray]:
+        return ort.InferenceSession(str(pipeline_onnx / f"{name}.onnx"), providers=["CPUExecutionProvider"]).run(
+            None, feed)
+
+    (feat,) = run("backbone", {"pixels": x})
+    return {"boxes": run("box_head", {"feat": feat})[0], "scores": run("class_head", {"feat": feat})[0]}
+
+
+def test_the_pipeline_serves_what_the_chain_computes_step_by_step(tmp_path, pipeline_onnx):
+    from tritonkit.configs.generate import generate
+    from tritonkit.configs.loader import load_spec
+    from tritonkit.serving import running
+
+    path = write_spec(tmp_path, pm.camera_spec(pipeline_onnx))
+    spec = load_spec(path)
+    generate(spec, tmp_path / "repo")
+    rng = np.random.default_rng(0)
+    with running(spec, tmp_path / "repo", tmp_path / "state") as r, r.client() as c:
+        assert c.model_ready("camera")
+        for batch in (1, 4):
+            x = rng.standard_normal((batch, 32)).astype(np.float32)
+            got = c.infer("camera", {"image": x})
+            want = _chain(pipeline_onnx, x)
+            assert set(got) == {"boxes", "scores"}
+            for name in want:
+                assert got[name].shape == want[name].shape
+                np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+
+
+def test_pipelines_in_the_spec_need_no_pipelines_key(tmp_path, pipeline_onnx):
+    """A spec without `pipelines:` is as before: the key is optional and defaults to none."""
+    from tritonkit.configs.loader import load_spec
+
+    spec = copy.deepcopy(pm.camera_spec(pipeline_onnx))
+    del spec["pipelines"]
+    assert load_spec(write_spec(tmp_path, spec)).pipelines == []
+
+
+def test_deploy_ships_the_pipeline(tmp_path, pipeline_onnx):
+    """`tritonkit deploy --dry-run`: the ensemble's config goes into the ConfigMap beside its models',
+    the server loads it after them, and no tuner sidecar watches it (it has no batching of its own)."""
+    import yaml
+
+    from tests.test_helm import container, one, policy_problems, schema_problems
+
+    spec = pm.camera_spec(pipeline_onnx)
+    spec["server"] = {}
+    spec["deploy"] = {"tuner": True, "kit_image": "registry.local:5000/tritonkit:0.2"}
+    write_spec(tmp_path, spec)
+    p = tritonkit("deploy", "--dry-run", "--out", "o", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    docs = [d for d in yaml.safe_load_all((tmp_path / "o" / "manifests.yaml").read_text()) if d]
+    assert schema_problems(docs) == [] and policy_problems(docs) == []
+    cm = one(docs, "ConfigMap")
+    assert 'platform: "ensemble"' in cm["data"]["camera.config.pbtxt"]
+    t = one(docs, "Deployment")
+    args = container(t, "triton")["args"]
+    loads = [a.split("=", 1)[1] for a in args if a.startswith("--load-model=")]
+    assert loads == ["backbone", "box_head", "class_head", "camera"]
+    tuners = {c["name"] for c in t["spec"]["template"]["spec"]["containers"] if c["name"].startswith("tuner-")}
+    assert tuners == {"tuner-backbone", "tuner-box-head", "tuner-class-head"}
