@@ -65,6 +65,6 @@ def serve_configured(spec: Spec, repo: Path, state_dir: Path, *, models: list[st
     """Write the resolved spec's configs into `repo`, then a context that serves them."""
     if models:
         for name in models:
-            spec.model(name)  # an unknown model is an InputError listing the known ones
+            spec.steps_of(name)  # an unknown name is an InputError listing the models and pipelines
     generate(spec, repo)
     return running(spec, repo, state_dir, models=models, ports=ports, log=log)

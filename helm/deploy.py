@@ -86,7 +86,6 @@ def _spec_for_tuner(spec: Spec) -> str:
 def deploy_problems(spec: Spec) -> list[Problem]:
     """The deploy block's cross-field rules, checked before anything is built or written."""
     d = spec.data.deploy
-    names = [m.name for m in spec.models]
     problems = []
     kit_image = _image(d.kit_image) if d.kit_image else {}
     if d.kit_image and not kit_image:

@@ -39,18 +39,19 @@ def cmd_loadtest(a: argparse.Namespace) -> int:
                                                                   "add --router HOST:PORT,HOST:PORT")])
     a.engine = a.engine or "locust"
     spec = load_spec(a.spec, a.repo)
-    model = spec.model(a.model)  # an unknown model is an InputError listing the known ones
+    steps = spec.steps_of(a.model)  # a pipeline's models; an unknown name is an InputError listing the known ones
+    steps = steps if spec.pipeline(a.model) else None
     if not 0 <= a.max_errors <= 1:
         raise InputError([flag_problem("--max-errors", "give a share within 0..1, e.g. 0.01 for 1%")])
     if a.url:  # a server that is already running; the spec only describes the model's inputs
-        result = measure_by(a.engine, model.name, load, classes, url=a.url, metrics=a.metrics_url, log_dir=a.out,
-                            input_data=a.input_data)
+        result = measure_by(a.engine, a.model, load, classes, url=a.url, metrics=a.metrics_url, log_dir=a.out,
+                            input_data=a.input_data, steps=steps)
     else:
         with serve_configured(spec, a.repo, a.state_dir, models=[a.model], ports=FREE_PORTS, log=say) as r:
             e = r.endpoints
             url = e.http if a.engine == "locust" else e.grpc
-            result = measure_by(a.engine, model.name, load, classes, url=url, metrics=e.metrics, log_dir=a.out,
-                                input_data=a.input_data)
+            result = measure_by(a.engine, a.model, load, classes, url=url, metrics=e.metrics, log_dir=a.out,
+                                input_data=a.input_data, steps=steps)
     say(format_result(result))
     js, cs = write_result(result, a.out)
     say(f"wrote {js} and {cs}")

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from tritonkit.clients import Client
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, Outcome, RequestClass
 from tritonkit.loadtests.locust_run import run_locust
 from tritonkit.loadtests.pa_run import PerfAnalyzerLostExport, PerfAnalyzerStopped, run_pa
 from tritonkit.loadtests.results import build_result
-from tritonkit.loadtests.server_stats import summary_quantiles
+from tritonkit.loadtests.server_stats import breakdown, summary_quantiles
 
 
 def measure(endpoints, model: str, load: Load, classes: list[RequestClass] | None = None, *,
@@ -29,20 +30,44 @@ def measure_grpc(url: str, model: str, load: Load, classes: list[RequestClass] |
 
 
 def measure_by(engine: str, model: str, load: Load, classes: list[RequestClass] | None, *, url: str,
-               metrics: str | None = None, log_dir: Path | None = None, input_data: Path | None = None) -> dict:
+               metrics: str | None = None, log_dir: Path | None = None, input_data: Path | None = None,
+               steps: list[str] | None = None) -> dict:
     """One measurement by the chosen engine at `url` (HOST:PORT): Locust over HTTP, asyncio or
     perf_analyzer over gRPC. Each takes the model's inputs from the rules its config carries, or
-    from `input_data`."""
+    from `input_data`. `steps`: the models of a pipeline, whose queue and compute Triton's
+    statistics give per step (`result["steps"]`)."""
     classes = classes or [RequestClass()]
+    protocol = "http" if engine == "locust" else "grpc"
+    before = step_statistics(url, protocol, steps) if steps else {}
     if engine == "asyncio":
-        return measure_grpc(url, model, load, classes, metrics=metrics, input_data=input_data)
-    if engine == "perf_analyzer":
+        result = measure_grpc(url, model, load, classes, metrics=metrics, input_data=input_data)
+    elif engine == "perf_analyzer":
         out = run_pa(url, model, load, classes, input_data=input_data)
-        return build_result(model, load, classes, out, _quantiles(metrics, model), engine="perf_analyzer")
-    result = run_locust(url, model, load, classes, input_data=input_data,
-                        log_path=log_dir and Path(log_dir) / "locust.log")
-    result["server_summary_us"] = _quantiles(metrics, model)
+        result = build_result(model, load, classes, out, _quantiles(metrics, model), engine="perf_analyzer")
+    else:
+        result = run_locust(url, model, load, classes, input_data=input_data,
+                            log_path=log_dir and Path(log_dir) / "locust.log")
+        result["server_summary_us"] = _quantiles(metrics, model)
+    if steps:
+        after = step_statistics(url, protocol, steps)
+        result["steps"] = [step_breakdown(s, before[s], after[s]) for s in steps]
     return result
+
+
+def step_statistics(url: str, protocol: str, steps: list[str]) -> dict[str, dict]:
+    with Client(url, protocol) as c:
+        return {s: c.statistics(s) for s in steps}
+
+
+def step_breakdown(model: str, before: dict, after: dict) -> dict:
+    """One pipeline step over the whole run (warm-up and drain included: the engines window only
+    the pipeline's own statistics): requests, and mean queue and compute ms per request."""
+    b = breakdown(before, after)
+    compute = [b[f"{s}_ms"] for s in ("compute_input", "compute_infer", "compute_output")]
+    return {"model": model, "requests": b["requests"], "failed": b["failed"],
+            "queue_ms": None if b["queue_ms"] is None else round(b["queue_ms"], 3),
+            "compute_ms": None if None in compute else round(sum(compute), 3),
+            "mean_batch": None if b["mean_batch"] is None else round(b["mean_batch"], 2)}
 
 
 def send_cheapest(url: str, model: str, load: Load, classes: list[RequestClass] | None = None, *,

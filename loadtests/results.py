@@ -123,6 +123,12 @@ def format_result(result: dict) -> str:
         lines.append(f"server per request: queue {srv['queue_ms']:.2f} ms, input {srv['compute_input_ms']:.2f} ms, "
                      f"infer {srv['compute_infer_ms']:.2f} ms, output {srv['compute_output_ms']:.2f} ms; "
                      f"mean batch {srv['mean_batch']:.1f}; client overhead {_ms(result['client_overhead_ms'])} ms")
+    if result.get("steps"):
+        lines.append("per step (Triton's statistics over the whole run, warm-up included):")
+        lines.append(f"  {'model':<24}{'requests':>9}{'queue ms':>10}{'compute ms':>12}{'mean batch':>12}")
+        for s in result["steps"]:
+            lines.append(f"  {s['model']:<24}{s['requests']:>9}{_ms(s['queue_ms']):>10}{_ms(s['compute_ms']):>12}"
+                         f"{'-' if s['mean_batch'] is None else format(s['mean_batch'], '.1f'):>12}")
     if result.get("router"):
         lines.extend(format_router(result["router"]))
     if result["generator"]["warning"]:

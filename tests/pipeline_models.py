@@ -6,7 +6,6 @@ against the chain run step by step."""
 from __future__ import annotations
 
 import copy
-
 from pathlib import Path
 
 import numpy as np

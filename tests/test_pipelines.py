@@ -171,3 +171,27 @@ def test_deploy_ships_the_pipeline(tmp_path, pipeline_onnx):
     assert loads == ["backbone", "box_head", "class_head", "camera"]
     tuners = {c["name"] for c in t["spec"]["template"]["spec"]["containers"] if c["name"].startswith("tuner-")}
     assert tuners == {"tuner-backbone", "tuner-box-head", "tuner-class-head"}
+
+
+@pytest.mark.parametrize("engine", ["asyncio", "perf_analyzer", "locust"])
+def test_a_pipeline_load_test_breaks_its_latency_down_per_step(engine, tmp_path, pipeline_onnx):
+    """`loadtest --model <pipeline>`: end-to-end percentiles, and each step's requests, queue and
+    compute from Triton's statistics; the fan-out's two heads each run every request once."""
+    import json
+
+    path = write_spec(tmp_path, pm.camera_spec(pipeline_onnx))
+    r = tritonkit("loadtest", "--spec", str(path), "--model", "camera", "--engine", engine, "--rate", "100",
+                  "--duration", "3", "--warmup", "1", "--repo", str(tmp_path / "repo"), "--state-dir",
+                  str(tmp_path / "state"), "--out", str(tmp_path / "out"), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "per step" in r.stdout and "class_head" in r.stdout
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    ok = result["overall"]["ok"]
+    assert ok >= 200 and result["overall"]["p95_ms"] > 0
+    steps = {s["model"]: s for s in result["steps"]}
+    assert list(steps) == ["backbone", "box_head", "class_head"]
+    for s in steps.values():
+        # every request of the run passed each step once (the steady window's and the warm-up's)
+        assert s["requests"] >= ok and s["failed"] == 0
+        assert s["compute_ms"] > 0 and s["queue_ms"] >= 0 and s["mean_batch"] >= 1
+    assert steps["box_head"]["requests"] == steps["class_head"]["requests"] == steps["backbone"]["requests"]

@@ -47,7 +47,7 @@ class Running:
 def running(spec: Spec, repository: Path, state_dir: Path, *, models: list[str] | None = None,
             ports: dict[str, int] | None = None, log: Callable[[str], None] = lambda s: None,
             cpus: set[int] | None = None) -> Iterator[Running]:
-    names = models if models is not None else spec.served()  # a pipeline loads after its models
+    names = spec.with_steps(models if models is not None else spec.served())  # a pipeline after its models
     use_cache = any(m.response_cache for m in spec.models if m.name in names)
     server = LocalTriton(repository, spec.server, state_dir, use_cache=use_cache, cpus=cpus, **(ports or {}))
     log("starting tritonserver ...")

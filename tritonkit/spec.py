@@ -247,6 +247,21 @@ class Spec:
         """Every name a client can send requests to: the models, then the pipelines."""
         return [m.name for m in self.models] + [p.name for p in self.pipelines]
 
+    def steps_of(self, name: str) -> list[str]:
+        """The models a served name runs: a pipeline's step models, in order, each once; a model alone.
+        An unknown name is an InputError listing the known ones."""
+        p = self.pipeline(name)
+        if p is not None:
+            return list(dict.fromkeys(s.model for s in p.steps))
+        if name not in self.served():
+            raise InputError([Problem(self.shown, "models", f"no model or pipeline named {name!r}",
+                                      f"use one of: {', '.join(self.served())}")])
+        return [name]
+
+    def with_steps(self, names: list[str]) -> list[str]:
+        """`names` in load order: each pipeline after the models it runs."""
+        return list(dict.fromkeys(n for name in names for n in [*self.steps_of(name), name]))
+
     def onnx_path(self, model: ModelSpec) -> Path:
         return model.onnx if model.onnx.is_absolute() else (self.path.parent / model.onnx)
 
