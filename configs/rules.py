@@ -35,7 +35,20 @@ def spec_problems(spec: Spec, check_onnx: bool = True) -> list[Problem]:
                 problems += shape_range_rules(file, f"{at}.{kind}[{j}]", t, dims)
         if io is not None:
             problems += onnx_io.check_against_graph(file, at, m, io)
-    return problems + pipeline_problems(spec, served_tensors(spec) if check_onnx else None)
+    return problems + pipeline_problems(spec, served_tensors(spec) if check_onnx else None) + traffic_rules(spec)
+
+
+def traffic_rules(spec: Spec) -> list[Problem]:
+    served = spec.served()
+    problems = []
+    for name, rps in spec.traffic.items():
+        if name not in served:
+            problems.append(Problem(spec.shown, f"traffic.{name}", f"no model or pipeline named {name!r}",
+                                    f"use one of: {', '.join(served)}"))
+        elif not rps > 0:
+            problems.append(Problem(spec.shown, f"traffic.{name}", f"{rps!r} requests per second",
+                                    "give a rate above 0, e.g. 20"))
+    return problems
 
 
 def served_tensors(spec: Spec):

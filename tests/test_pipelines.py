@@ -195,3 +195,44 @@ def test_a_pipeline_load_test_breaks_its_latency_down_per_step(engine, tmp_path,
         assert s["requests"] >= ok and s["failed"] == 0
         assert s["compute_ms"] > 0 and s["queue_ms"] >= 0 and s["mean_batch"] >= 1
     assert steps["box_head"]["requests"] == steps["class_head"]["requests"] == steps["backbone"]["requests"]
+
+
+def test_tune_mix_tunes_a_pipeline_and_a_model_together(tmp_path, pipeline_onnx):
+    """`tune --mix`: the spec's traffic (a pipeline and a model, each with its SLO) sent together;
+    the scale it holds is confirmed with every entry's requests pooled, and every model's config
+    goes into tuned.yaml."""
+    import json
+
+    import yaml
+
+    spec = pm.camera_spec(pipeline_onnx)
+    spec["models"][2]["slo"] = {"p95_ms": 50}
+    spec["traffic"] = {"camera": 40, "class_head": 60}
+    path = write_spec(tmp_path, spec)
+    r = tritonkit("tune", "--spec", str(path), "--mix", "--max-trials", "8", "--repo", str(tmp_path / "repo"),
+                  "--state-dir", str(tmp_path / "state"), "--out", str(tmp_path / "out"), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    mix = json.loads((tmp_path / "out" / "mix.json").read_text())
+    assert mix["confirmed"] and mix["scale"] >= 1 and len(mix["runs"]) <= 8
+    assert set(mix["confirmation"]) == {"camera", "class_head"}
+    for name, f in mix["confirmation"].items():
+        assert f["p95_ms"] <= f["slo_ms"] and f["error_ratio"] <= 0.005 and f["requests"] > 0
+    assert all(set(run["figures"]) == {"camera", "class_head"} for run in mix["runs"])
+    tuned = yaml.safe_load((tmp_path / "tuned.yaml").read_text())
+    assert set(tuned["models"]) == {"backbone", "box_head", "class_head"}
+
+
+def test_tune_mix_needs_a_traffic_mix_and_slos(tmp_path, pipeline_onnx):
+    spec = pm.camera_spec(pipeline_onnx)
+    path = write_spec(tmp_path, spec)
+    r = tritonkit("tune", "--spec", str(path), "--mix", "--repo", str(tmp_path / "repo"))
+    assert r.returncode == 2 and "traffic: no traffic mix to tune for" in r.stderr, r.stderr
+    spec["traffic"] = {"camera": 20, "box_head": 10, "nope": 5}
+    r = tritonkit("tune", "--spec", str(write_spec(tmp_path, spec)), "--mix", "--repo", str(tmp_path / "repo"))
+    assert r.returncode == 2 and "traffic.nope: no model or pipeline named 'nope'" in r.stderr, r.stderr
+    del spec["traffic"]["nope"]
+    r = tritonkit("tune", "--spec", str(write_spec(tmp_path, spec)), "--mix", "--repo", str(tmp_path / "repo"))
+    assert r.returncode == 2 and "models[1].slo.p95_ms: box_head is in the traffic mix without a P95 SLO" in r.stderr
+    assert not (tmp_path / "repo").exists() and not (tmp_path / "tuned.yaml").exists()
+    r = tritonkit("tune", "--spec", str(path), "--repo", str(tmp_path / "repo"))
+    assert r.returncode == 2 and "--model/--mix" in r.stderr

@@ -211,6 +211,9 @@ class DeploySettings(_Strict):
 class DeploySpec(_Strict):
     models: list[ModelSpec] = Field(min_length=1)
     pipelines: list[PipelineSpec] = Field(default_factory=list)
+    # The box's traffic mix: requests per second per model or pipeline, as they arrive together;
+    # `tritonkit tune --mix` finds the configs that hold every SLO at the highest scale of it.
+    traffic: dict[str, float] = Field(default_factory=dict)
     server: ServerSpec = Field(default_factory=ServerSpec)
     deploy: DeploySettings = Field(default_factory=DeploySettings)
 
@@ -238,6 +241,14 @@ class Spec:
     @property
     def pipelines(self) -> list[PipelineSpec]:
         return self.data.pipelines
+
+    @property
+    def traffic(self) -> dict[str, float]:
+        return self.data.traffic
+
+    def slo_of(self, name: str) -> Slo:
+        p = self.pipeline(name)
+        return p.slo if p is not None else self.model(name).slo
 
     def pipeline(self, name: str) -> PipelineSpec | None:
         """The pipeline of that name, None when `name` is not one (a model's name, or unknown)."""

@@ -8,10 +8,13 @@ from pathlib import Path
 from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, say, spec_arg
 from tritonkit.configs.loader import load_spec
 from tritonkit.configs.steps import serve_configured
+from tritonkit.errors import InputError, flag_problem
 from tritonkit.loadtests.commands import FREE_PORTS, load_args, load_from
 from tritonkit.server import read_state
 from tritonkit.spec import parse_spec
+from tritonkit.tuner import outputs
 from tritonkit.tuner.knobs import powers_of_two
+from tritonkit.tuner.mix import format_mix, tune_mix
 from tritonkit.tuner.online import OnlineSettings, run_online
 from tritonkit.tuner.rules import RULES
 from tritonkit.tuner.run import tune_offline
@@ -36,6 +39,11 @@ def cmd_tune(a: argparse.Namespace) -> int:
     s = TuneSettings(p95_ms=a.p95_ms, rps=a.rps, max_trials=a.max_trials, max_errors=a.max_errors,
                      max_batch=a.max_batch, interval_s=a.interval, cooldown_s=a.cooldown, duration_s=a.duration,
                      margin=a.margin, max_trial_s=a.max_trial_s, engine=a.engine)
+    if a.mix == bool(a.model):
+        raise InputError([flag_problem("--model/--mix", "give one model to tune (--model NAME), or --mix for "
+                                                        "every model of the spec's traffic mix together")])
+    if a.mix:
+        return _tune_mix(a, s)
     if a.online:
         # The sidecar reads the spec for the SLO and the key only: no ONNX file where it runs, so no graph rules.
         spec = parse_spec(a.spec)
@@ -67,6 +75,24 @@ def cmd_tune(a: argparse.Namespace) -> int:
     return 0
 
 
+def _tune_mix(a: argparse.Namespace, s: TuneSettings) -> int:
+    if a.online:
+        raise InputError([flag_problem("--mix", "the traffic mix is tuned offline: drop --online")])
+    repo = a.repo or DEFAULT_REPO
+    spec = load_spec(a.spec, repo)
+    tuning, runs, seconds = tune_mix(spec, repo, a.state_dir, a.out, max_trials=s.max_trials,
+                                     margin=s.margin, max_errors=s.max_errors, log=say)
+    say("\n" + format_mix(tuning))
+    say(f"{len(runs)} runs of the mix in {seconds:.0f} s; wrote {a.out / 'mix.json'}")
+    if not tuning.confirmed:
+        say("no scale of the mix held every SLO on a second measurement: nothing was changed")
+        return 1
+    for model, k in tuning.best.items():
+        path = outputs.write_tuned(spec, model, k)
+    say(f"wrote {path}: the mix holds x{tuning.scale:.2f} its traffic")
+    return 0
+
+
 def register(sub) -> None:
     sp = sub.add_parser("sweep", help="batch-size sweep with plots and a recommendation")
     load_args(sp, "out/sweep")
@@ -76,7 +102,10 @@ def register(sub) -> None:
 
     sp = sub.add_parser("tune", help="rewrite config.pbtxt from measured P95: offline search or --online sidecar")
     spec_arg(sp)
-    sp.add_argument("--model", required=True)
+    sp.add_argument("--model", help="the model to tune (or --mix)")
+    sp.add_argument("--mix", action="store_true",
+                    help="offline: every model of the spec's traffic mix together, for the highest common scale "
+                         "of the mix at which every SLO holds")
     sp.add_argument("--p95-ms", type=float, help="the P95 SLO (default: the model's slo.p95_ms)")
     sp.add_argument("--rps", type=float, help="offline: the lowest P95 at this rate (default: the highest rate "
                                               "that meets the SLO)")

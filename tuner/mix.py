@@ -1,0 +1,401 @@
+"""Joint tuning for a traffic mix: every model of an edge box tuned together.
+
+A box serves a mix (deploy.yaml `traffic:`, requests per second per model or pipeline, each with
+its own P95 SLO). Configs that each met their SLO with the box to themselves can miss it together,
+as they share the cores. The objective is the highest common scale s of the mix at which every
+entry meets its SLO: the box holds s times the traffic it is given.
+
+The search is the single-model tuner's rule over the joint config (every model's knobs), with the
+same Rules (tuner/rules.py):
+1. the start (each model's config from the spec, or each tuned alone) is measured up the scale
+   ladder (`rate_step`) to its sustained scale: the highest rung where most of up to `runs` runs
+   of the whole mix meet every entry's SLO less the margin, errors within the bound;
+2. at the rung it missed, the entry furthest over its SLO is the bottleneck. One knob of one model
+   moves at a time (batch x2 or /2, the delay a rung, one instance more or less): the bottleneck's
+   models first, then the others' moves that give cores back (one instance fewer, a longer
+   delay, a larger batch). A move is kept when the mix holds the rung above the incumbent's
+   scale, and then climbs;
+3. the winner is confirmed: `runs` runs at its scale, each entry's requests pooled, every SLO met
+   itself and errors within `error_margin` of the bound, a rung lower until they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tritonkit.configs.generate import generate
+from tritonkit.errors import InputError, KitError, Problem
+from tritonkit.files import write_bytes_atomic
+from tritonkit.loadtests.asyncgen import run_load
+from tritonkit.loadtests.load import Load, Outcome, generator_health
+from tritonkit.loadtests.results import SCHEMA
+from tritonkit.serving import Running, running
+from tritonkit.slo import meets
+from tritonkit.spec import Spec
+from tritonkit.stats import percentile
+from tritonkit.tuner.knobs import Knobs, from_spec, max_instances, neighbours
+from tritonkit.tuner.rules import RULES, Rules
+from tritonkit.tuner.run import max_batch_bound
+
+Configs = dict[str, Knobs]  # model -> its knobs
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One part of the mix: a model or a pipeline, its rate at scale 1, its SLO and the models it runs."""
+
+    name: str
+    rps: float
+    slo_ms: float
+    models: tuple[str, ...]
+
+
+def entries_of(spec: Spec) -> list[Entry]:
+    """The spec's traffic mix, each entry with its SLO; every problem named with its field."""
+    if not spec.traffic:
+        raise InputError([Problem(spec.shown, "traffic", "no traffic mix to tune for",
+                                  "add `traffic:` with requests per second per model or pipeline, e.g. "
+                                  "{detector: 20, recogniser: 100}")])
+    problems, out = [], []
+    for name, rps in spec.traffic.items():
+        slo = spec.slo_of(name).p95_ms
+        if not slo:
+            kind, items = ("pipelines", spec.pipelines) if spec.pipeline(name) else ("models", spec.models)
+            at = f"{kind}[{[x.name for x in items].index(name)}].slo.p95_ms"
+            problems.append(Problem(spec.shown, at, f"{name} is in the traffic mix without a P95 SLO",
+                                    "set its slo.p95_ms: joint tuning holds every entry to its own"))
+            continue
+        out.append(Entry(name, rps, slo, tuple(spec.steps_of(name))))
+    if problems:
+        raise InputError(problems)
+    return out
+
+
+@dataclass
+class MixRun:
+    """One run of the whole mix at one scale: per entry its rate, served rate, P95 and errors."""
+
+    n: int
+    phase: str
+    scale: float
+    configs: dict[str, str]  # model -> knobs label
+    figures: dict[str, dict]  # entry -> {"rps", "ok_rps", "requests", "p95_ms", "error_ratio", "slo_ms"}
+    held: bool
+    worst: str | None  # the entry furthest over (or nearest to) its SLO
+    latencies: dict[str, list[float]] = field(default_factory=dict, repr=False)  # for pooling; not logged
+
+    def to_json(self) -> dict:
+        return {"n": self.n, "phase": self.phase, "scale": round(self.scale, 3), "configs": self.configs,
+                "figures": self.figures, "held": self.held, "worst": self.worst}
+
+
+def send_mix(url: str, entries: list[Entry], scale: float, load: Load) -> dict[str, tuple[Load, Outcome]]:
+    """Every entry's share of the mix at `scale`, sent together (one asyncio client per entry, one loop)."""
+    loads = [replace(load, rate=e.rps * scale) for e in entries]
+
+    async def together() -> list[Outcome]:
+        return await asyncio.gather(*(run_load(url, e.name, x, seed=i) for i, (e, x) in enumerate(zip(entries, loads))))
+
+    return {e.name: (x, out) for e, x, out in zip(entries, loads, asyncio.run(together()))}
+
+
+def judge_run(n: int, phase: str, scale: float, configs: Configs, entries: list[Entry],
+              sent: dict[str, tuple[Load, Outcome]], margin: float, max_errors: float) -> MixRun:
+    figures, latencies, ratio = {}, {}, {}
+    held = True
+    for e in entries:
+        load, out = sent[e.name]
+        ok = [s.latency_s * 1e3 for s in out.samples if s.latency_s is not None]
+        n_req = len(out.samples)
+        p95 = percentile(ok, 95) if ok else None
+        errors = (n_req - len(ok)) / n_req if n_req else 1.0
+        saturated = generator_health(load, out)["saturated"]
+        figures[e.name] = {"rps": round(load.rate, 1), "ok_rps": round(len(ok) / load.duration_s, 1),
+                           "requests": n_req, "p95_ms": None if p95 is None else round(p95, 3),
+                           "error_ratio": round(errors, 4), "slo_ms": e.slo_ms}
+        latencies[e.name] = ok
+        held &= meets(p95, e.slo_ms * (1 - margin), errors, max_errors) and not saturated
+        ratio[e.name] = (p95 or float("inf")) / e.slo_ms + (errors > max_errors)
+    worst = max(ratio, key=ratio.get) if ratio else None
+    return MixRun(n, phase, scale, {m: k.label() for m, k in configs.items()}, figures, held, worst, latencies)
+
+
+class MixBox:
+    """The box: one server with every model and pipeline of the mix, whose configs change together."""
+
+    def __init__(self, spec: Spec, repo: Path, r: Running, log: Callable[[str], None]):
+        self.spec, self.repo, self.r, self.log = spec, Path(repo), r, log
+        self.current: Configs = {}
+        self.good: Configs = {}
+
+    def variant(self, configs: Configs) -> Spec:
+        spec = self.spec
+        for model, k in configs.items():
+            spec = k.apply(spec, model)
+        return spec
+
+    def apply(self, configs: Configs) -> str | None:
+        """Put `configs` in force; None when they serve, else why not (the last good ones serve again)."""
+        changed = [m for m, k in configs.items() if self.current.get(m) != k]
+        if not changed:
+            return None
+        try:
+            generate(self.variant(configs), self.repo)
+            self._reload(changed)
+        except (InputError, KitError) as e:
+            self.log(f"    refused: {str(e)[:300]}; back to the last good configs")
+            generate(self.variant(self.good), self.repo)
+            self._reload(list(configs))
+            self.current = dict(self.good)
+            return str(e)
+        self.current = dict(configs)
+        return None
+
+    def keep(self) -> None:
+        self.good = dict(self.current)
+
+    def _reload(self, models: list[str]) -> None:
+        pipelines = [p.name for p in self.spec.pipelines if any(s.model in models for s in p.steps)]
+        for name in [*models, *pipelines]:
+            self.r.load(name)
+
+
+@dataclass
+class MixTuning:
+    entries: list[Entry]
+    start: Configs
+    start_scale: float
+    best: Configs
+    scale: float
+    confirmed: bool
+    confirmation: dict[str, dict] = field(default_factory=dict)  # entry -> pooled figures at `scale`
+    stopped_because: str = ""
+
+
+class MixSearch:
+    def __init__(self, box: MixBox, entries: list[Entry], *, max_trials: int, margin: float, max_errors: float,
+                 load: Load, rules: Rules = RULES, log: Callable[[str], None] = print):
+        self.box, self.entries, self.max_trials, self.margin, self.max_errors = box, entries, max_trials, margin, \
+            max_errors
+        self.load, self.rules, self.log = load, rules, log
+        self.runs: list[MixRun] = []
+        self.bounds = {m: max(1, max_batch_bound(box.spec, m)) if box.spec.model(m).max_batch_size else 0
+                       for m in models_of(entries)}
+
+    @property
+    def left(self) -> int:
+        return self.max_trials - len(self.runs) - self.rules.runs  # the confirmation's runs stay reserved
+
+    def measure(self, configs: Configs, scale: float, phase: str) -> MixRun:
+        refused = self.box.apply(configs)
+        if refused:
+            run = MixRun(len(self.runs) + 1, phase, scale, {m: k.label() for m, k in configs.items()}, {}, False,
+                         None)
+        else:
+            sent = send_mix(self.box.r.endpoints.grpc, self.entries, scale, self.load)
+            run = judge_run(len(self.runs) + 1, phase, scale, configs, self.entries, sent, self.margin,
+                            self.max_errors)
+            self.box.keep()
+        self.runs.append(run)
+        shown = ", ".join(f"{n} {_ms(f['p95_ms'])}/{f['slo_ms']:g} ms" + (f" err {f['error_ratio']:.1%}"
+                                                                         if f["error_ratio"] else "")
+                          for n, f in run.figures.items())
+        self.log(f"  run {run.n:>3} {phase:<10} x{scale:5.2f}  {shown}  {'holds' if run.held else 'misses'}")
+        return run
+
+    def holds(self, configs: Configs, scale: float, phase: str) -> tuple[bool, list[MixRun]]:
+        """Most of up to `rules.runs` runs hold; stops as soon as a majority agrees."""
+        runs: list[MixRun] = []
+        need = self.rules.runs // 2 + 1
+        while True:
+            runs.append(self.measure(configs, scale, phase))
+            passed = sum(r.held for r in runs)
+            if passed >= need or len(runs) - passed >= need:
+                return passed >= need, runs
+            if self.left <= 0:  # no budget for a majority: the runs so far decide
+                return 2 * passed > len(runs), runs
+
+    def sustained(self, configs: Configs, scale: float, phase: str) -> tuple[float, MixRun | None]:
+        """The highest scale on the ladder that holds, from `scale` up while it holds, down while it
+        does not; with the run that missed above it (whose worst entry is the bottleneck)."""
+        ok, runs = self.holds(configs, scale, phase)
+        if ok:
+            while self.left > 0:
+                up = scale * self.rules.rate_step
+                ok, runs = self.holds(configs, up, phase)
+                if not ok:
+                    return scale, _missed(runs)
+                scale = up
+            return scale, None
+        missed = _missed(runs)
+        for _ in range(self.rules.max_steps_down):
+            if self.left <= 0:
+                break
+            scale /= self.rules.rate_step
+            ok, runs = self.holds(configs, scale, phase)
+            if ok:
+                return scale, missed
+            missed = _missed(runs)
+        return 0.0, missed
+
+    def moves(self, configs: Configs, bottleneck: str | None) -> Iterator[Configs]:
+        """One knob of one model at a time: every move of the bottleneck's models, then the moves
+        of the others that give cores back."""
+        mine = next((e.models for e in self.entries if e.name == bottleneck), ())
+        for model in mine:
+            for k in neighbours(configs[model], self.bounds[model]):
+                if k.instances <= max_instances():
+                    yield {**configs, model: k}
+        for model in configs:
+            if model in mine:
+                continue
+            now = configs[model]
+            for k in neighbours(now, self.bounds[model]):
+                if k.instances < now.instances or k.delay_us > now.delay_us or k.max_batch > now.max_batch:
+                    yield {**configs, model: k}
+
+    def run(self, start: Configs, start_scale: float = 1.0) -> MixTuning:
+        self.log(f"== the start: {_configs(start)}")
+        scale, missed = self.sustained(start, start_scale, "start")
+        tuning = MixTuning(self.entries, start, scale, start, scale, False,
+                           stopped_because="no move held the rung above the incumbent's scale")
+        tried = {_key(start)}
+        incumbent, improved = start, True
+        while improved and scale > 0:
+            improved = False
+            bottleneck = missed.worst if missed else None
+            self.log(f"== from x{scale:.2f}; bottleneck: {bottleneck or '-'}")
+            for move in self.moves(incumbent, bottleneck):
+                if _key(move) in tried:
+                    continue
+                if self.left < self.rules.runs:
+                    tuning.stopped_because = f"trial budget ({self.max_trials} runs) used"
+                    break
+                tried.add(_key(move))
+                above = scale * self.rules.rate_step
+                ok, runs = self.holds(move, above, "move")
+                changed = next(f"{m}: {k.label()}" for m, k in move.items() if incumbent[m] != k)
+                self.log(f"    {'kept' if ok else 'not kept'}: {changed} {'holds' if ok else 'misses'} x{above:.2f}")
+                if ok:
+                    incumbent = move
+                    scale, missed = above, None
+                    while self.left > 0:  # climb from the rung it held
+                        up = scale * self.rules.rate_step
+                        ok, runs = self.holds(move, up, "move")
+                        if not ok:
+                            missed = _missed(runs)
+                            break
+                        scale = up
+                    improved = True
+                    break
+        tuning.best, tuning.scale = incumbent, scale
+        if scale > 0:
+            self.confirm(tuning)
+        return tuning
+
+    def confirm(self, tuning: MixTuning) -> None:
+        """`runs` runs at the scale, pooled per entry, every SLO itself; a rung lower until they hold."""
+        scale = tuning.scale
+        self.log(f"== confirm: {self.rules.runs} runs pooled per entry, every SLO itself")
+        for _ in range(self.rules.max_steps_down):
+            if len(self.runs) + self.rules.runs > self.max_trials:
+                return
+            runs = [self.measure(tuning.best, scale, "confirm") for _ in range(self.rules.runs)]
+            pooled = pooled_figures(runs, self.entries)
+            if all(meets(f["p95_ms"], f["slo_ms"], f["error_ratio"], self.max_errors * self.rules.error_margin)
+                   for f in pooled.values()):
+                tuning.scale, tuning.confirmed, tuning.confirmation = scale, True, pooled
+                return
+            scale /= self.rules.rate_step
+
+
+def pooled_figures(runs: list[MixRun], entries: list[Entry]) -> dict[str, dict]:
+    out = {}
+    for e in entries:
+        lat = [x for r in runs for x in r.latencies.get(e.name, [])]
+        n = sum(r.figures[e.name]["requests"] for r in runs if e.name in r.figures)
+        failed = sum(r.figures[e.name]["requests"] * r.figures[e.name]["error_ratio"] for r in runs
+                     if e.name in r.figures)
+        out[e.name] = {"p95_ms": round(percentile(lat, 95), 3) if lat else None,
+                       "error_ratio": round(failed / n, 4) if n else 1.0, "requests": n,
+                       "ok_rps": round(statistics.mean(r.figures[e.name]["ok_rps"] for r in runs
+                                                       if e.name in r.figures), 1) if n else 0.0,
+                       "slo_ms": e.slo_ms}
+    return out
+
+
+def _missed(runs: list[MixRun]) -> MixRun | None:
+    """The last run that missed: its worst entry is the bottleneck."""
+    return next((r for r in reversed(runs) if not r.held), None)
+
+
+def models_of(entries: list[Entry]) -> list[str]:
+    return list(dict.fromkeys(m for e in entries for m in e.models))
+
+
+@contextlib.contextmanager
+def mix_box(spec: Spec, repo: Path, state_dir: Path, entries: list[Entry], log: Callable[[str], None]
+            ) -> Iterator[MixBox]:
+    """A server with every entry of the mix loaded; the spec's configs back in the repository after."""
+    generate(spec, repo)
+    ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
+    try:
+        with running(spec, repo, state_dir, models=[e.name for e in entries], ports=ports, log=log) as r:
+            yield MixBox(spec, repo, r, log)
+    finally:
+        generate(spec, repo)
+
+
+def start_configs(spec: Spec, entries: list[Entry]) -> Configs:
+    return {m: from_spec(spec.model(m)) for m in models_of(entries)}
+
+
+def tune_mix(spec: Spec, repo: Path, state_dir: Path, out_dir: Path, *, start: Configs | None = None,
+             max_trials: int = 40, margin: float = RULES.slo_margin, max_errors: float = 0.01,
+             load: Load | None = None, log: Callable[[str], None] = print) -> tuple[MixTuning, list[MixRun], float]:
+    entries = entries_of(spec)
+    load = load or Load(rate=1.0, duration_s=3.0, warmup_s=1.0, drain_s=2.0)
+    t0 = time.perf_counter()
+    log("traffic mix: " + ", ".join(f"{e.name} {e.rps:g} req/s (P95 <= {e.slo_ms:g} ms)" for e in entries))
+    with mix_box(spec, repo, state_dir, entries, log) as box:
+        search = MixSearch(box, entries, max_trials=max_trials, margin=margin, max_errors=max_errors, load=load,
+                           log=log)
+        tuning = search.run(start or start_configs(spec, entries))
+    seconds = time.perf_counter() - t0
+    write_bytes_atomic(Path(out_dir) / "mix.json", json.dumps({
+        "schema": SCHEMA, "kind": "tune/mix", "entries": [vars(e) for e in entries],
+        "start": {m: k.to_json() for m, k in tuning.start.items()}, "start_scale": round(tuning.start_scale, 3),
+        "best": {m: k.to_json() for m, k in tuning.best.items()}, "scale": round(tuning.scale, 3),
+        "confirmed": tuning.confirmed, "confirmation": tuning.confirmation,
+        "stopped_because": tuning.stopped_because, "seconds": round(seconds, 1),
+        "runs": [r.to_json() for r in search.runs]}, indent=2, default=list).encode())
+    return tuning, search.runs, seconds
+
+
+def format_mix(t: MixTuning) -> str:
+    lines = [f"start  x{t.start_scale:.2f}: {_configs(t.start)}",
+             f"{'kept ' if _key(t.best) == _key(t.start) else 'after'}  x{t.scale:.2f}: {_configs(t.best)}"
+             f"{'' if t.confirmed else '  (not confirmed)'}"]
+    for name, f in t.confirmation.items():
+        lines.append(f"  {name:<20} {f['ok_rps']:>8.1f} req/s  P95 {_ms(f['p95_ms'])} ms (SLO {f['slo_ms']:g})  "
+                     f"errors {f['error_ratio']:.2%}")
+    return "\n".join(lines)
+
+
+def _configs(c: Configs) -> str:
+    return "; ".join(f"{m} {' '.join(k.label().split())}" for m, k in c.items())
+
+
+def _key(c: Configs) -> tuple:
+    return tuple(sorted((m, k.max_batch, k.delay_us, k.instances) for m, k in c.items()))
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
