@@ -8,7 +8,9 @@ again, on two kinds of evidence:
   place when removing it makes picks miss the SLO, scatter, or cost more trials;
 - the trials that real tunings recorded (`bench versus` writes them): what the rule decided there,
   counted from the runs themselves (how many rungs one clear run settled, where a pooled
-  confirmation and a majority of the same runs disagreed).
+  confirmation and a majority of the same runs disagreed);
+- with `--case`, one real case of `bench versus`: `tune` once per variant, every winner before the
+  judge together, and each winner's promised rate in one load test of HOLD_S seconds.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.simulated import SLO_MS, WORLD, NoisySimulatedTrials, best_sustained
 
 SEEDS = 20
+HOLD_S = 30.0
 START = Knobs(16, 8000, 1)  # the simulated world's spec config
 MAX_TRIALS = 30
 
@@ -109,14 +112,54 @@ def from_real_trials(trials_files: list[Path], rules: Rules = RULES) -> dict:
             "confirmations": confirmations, "pooled_differs_from_majority": disagree}
 
 
-def run_ablation(out_dir: Path, *, real: list[Path], seeds: int = SEEDS,
-                 log: Callable[[str], None] = print) -> dict:
+def real_case(case: str, out_dir: Path, *, engine: str, log: Callable[[str], None]) -> dict:
+    """`tune` once per variant on a `bench versus` case, then every winner judged side by side, and
+    each winner held at its promised rate for HOLD_S seconds."""
+    from tritonkit.benchmarks.cases import write_case
+    from tritonkit.benchmarks.judge import Entrant, judge
+    from tritonkit.benchmarks.versus import hold
+    from tritonkit.configs.loader import load_spec
+    from tritonkit.tuner.run import tune_offline
+    from tritonkit.tuner.trials import TrialWindow
+
+    folder = Path(out_dir).resolve() / case
+    spec = load_spec(write_case(case, folder), folder / "repo")
+    model = spec.models[0].name
+    slo = spec.models[0].slo.p95_ms
+    rows, entrants = {}, []
+    for i, (name, rules) in enumerate(VARIANTS.items()):
+        log(f"==== {case}, {name}")
+        r = tune_offline(spec, model, folder / "repo", folder / f"state{i}", folder / f"tune{i}",
+                         margin=rules.slo_margin, window=TrialWindow(engine=engine), write_decision=False,
+                         rules=rules, log=log)
+        t = r.tuning
+        rows[name] = {"entrant": f"v{i}", "winner": t.best.knobs.label(), "confirmed": t.confirmed,
+                      "claim_rps": round(t.best.rate, 1) if t.confirmed and t.best.rate else None,
+                      "trials": len(r.trials.trials), "search_s": round(r.seconds, 1)}
+        if rows[name]["claim_rps"]:
+            entrants.append(Entrant(f"v{i}", t.best.knobs.model(spec.models[0]), claim_rps=t.best.rate))
+    judged = judge(spec, model, entrants, folder / "judge", p95_ms=slo, log=log) if entrants else {"entrants": {}}
+    held = hold(spec, model, entrants, folder / "hold", loads=1, seconds=HOLD_S, p95_ms=slo, log=log) \
+        if entrants else {}
+    for row in rows.values():
+        j = judged["entrants"].get(row["entrant"]) or {}
+        row["judged_rps"] = j.get("rps")
+        runs = held.get(row["entrant"]) or []
+        row["held_promise"] = runs[0]["held"] if runs else None
+        row["promise_p95_ms"] = runs[0]["p95_ms"] if runs else None
+        row["promise_errors"] = runs[0]["error_ratio"] if runs else None
+    return {"case": case, "engine": engine, "rows": rows}
+
+
+def run_ablation(out_dir: Path, *, real: list[Path], seeds: int = SEEDS, case: str | None = None,
+                 engine: str = "perf_analyzer", log: Callable[[str], None] = print) -> dict:
     table = {}
     for name, rules in VARIANTS.items():
         table[name] = simulate(rules, seeds)
         log(f"  {name}: {table[name]}")
     result = {"schema": SCHEMA, "kind": "bench/ablation", "seeds": seeds, "simulated": table,
-              "real": from_real_trials(real) if real else None}
+              "real": from_real_trials(real) if real else None,
+              "case": real_case(case, out_dir, engine=engine, log=log) if case else None}
     write_bytes_atomic(Path(out_dir) / "bench_ablation.json", json.dumps(result, indent=2).encode())
     log(format_ablation(result))
     return result
@@ -131,6 +174,15 @@ def format_ablation(r: dict) -> str:
         rate = "-" if s["median_rate_of_best"] is None else f"{s['median_rate_of_best']:.2f}"
         lines.append(f"{name:<46}{s['confirmed']:>10}{rate:>10}{s['miss_slo']:>9}{worst:>7}"
                      f"{s['same_pick']:>10}{s['mean_trials']:>8}")
+    if r.get("case"):
+        c = r["case"]
+        lines.append(f"one real case ({c['case']}, trials by {c['engine']}): tune once per row, winners judged "
+                     f"together, each promise held {HOLD_S:g} s")
+        lines.append(f"{'rules':<46}{'trials':>7}{'search s':>9}{'promised':>9}{'judged':>8}{'held':>6}  winner")
+        for name, x in c["rows"].items():
+            held = "-" if x["held_promise"] is None else ("yes" if x["held_promise"] else "no")
+            lines.append(f"{name:<46}{x['trials']:>7}{x['search_s']:>9.0f}{x['claim_rps'] or 0:>9.0f}"
+                         f"{x['judged_rps'] or 0:>8.0f}{held:>6}  {' '.join(x['winner'].split())}")
     if r.get("real"):
         x = r["real"]
         lines.append(f"real tunings ({x['files']}): {x['settled_by_one_clear_run']} of {x['rungs']} rungs settled by "

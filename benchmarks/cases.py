@@ -72,3 +72,30 @@ def write_case(name: str, folder: Path) -> Path:
     spec = folder / "deploy.yaml"
     spec.write_text(yaml.safe_dump({"models": [model]}, sort_keys=False))
     return spec
+
+
+# An edge box's three models of different costs, one traffic mix, an SLO each (`bench mix`): a
+# strided detector (milliseconds per image), the sample classifier (batching pays), a tiny
+# recogniser whose fixed cost per request dominates. Each starts from the config a new user writes.
+MIX_TRAFFIC = {"detector": 30.0, "classifier": 120.0, "recogniser": 150.0}
+
+
+def write_mix(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    detector(folder / "detector.onnx")
+    sample_model.write(folder / "classifier.onnx")
+    sample_model.write(folder / "recogniser.onnx", width=64, layers=2)
+    naive = {"max_queue_delay_us": 0}
+    models = [
+        {"name": "detector", "onnx": "detector.onnx", "max_batch_size": 8, "batching": naive,
+         "inputs": [{"name": "images", "dtype": "FP32", "dims": [3, -1, -1], "min": [3, 64, 64],
+                     "opt": [3, 384, 384], "max": [3, 512, 512], "stride": 32}],
+         "slo": {"p95_ms": 60}},
+        {"name": "classifier", "onnx": "classifier.onnx", "max_batch_size": 16, "batching": naive,
+         "slo": {"p95_ms": 25}},
+        {"name": "recogniser", "onnx": "recogniser.onnx", "max_batch_size": 16, "batching": naive,
+         "slo": {"p95_ms": 10}},
+    ]
+    spec = folder / "deploy.yaml"
+    spec.write_text(yaml.safe_dump({"models": models, "traffic": MIX_TRAFFIC}, sort_keys=False))
+    return spec

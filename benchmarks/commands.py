@@ -10,6 +10,7 @@ from tritonkit.benchmarks.cases import CASES
 from tritonkit.benchmarks.floor import run_floor_bench
 from tritonkit.benchmarks.footprint import run_footprint
 from tritonkit.benchmarks.generators import AGREEMENT_ROUNDS, run_bench
+from tritonkit.benchmarks.mix_bench import run_mix_bench
 from tritonkit.benchmarks.model_analyzer import require_model_analyzer
 from tritonkit.benchmarks.overload import run_overload_bench
 from tritonkit.benchmarks.peer_bench import MA_WALL_S, run_peer_bench
@@ -64,7 +65,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         for case in a.case or list(CASES):
             run_versus(case, a.out / "versus", ma_wall_s=a.ma_wall_s, rounds=rounds, seconds=a.seconds,
                        engine=s.engine, max_trials=s.max_trials, kit_runs=a.kit_runs,
-                       model_analyzer_from=a.model_analyzer_from, log=say)
+                       model_analyzer_from=a.model_analyzer_from, hold_loads=a.hold_loads, log=say)
         say(f"wrote {a.out / 'versus'}/<case>/bench_versus.json")
     elif a.what == "floor":
         s = TuneSettings(p95_ms=a.p95_ms)
@@ -94,12 +95,18 @@ def cmd_bench(a: argparse.Namespace) -> int:
         run_serving_bench(a.out / "serving", max_batch=a.max_batch, threads=a.threads, instances=a.instances,
                           seconds=a.seconds, log=say)
         say(f"wrote {a.out / 'serving' / 'bench_serving.json'}")
+    elif a.what == "mix":
+        rounds = 3 if a.rounds is None else a.rounds
+        raise_flag_problems([("--rounds", rounds >= 1, "judge at least once, e.g. 3")])
+        run_mix_bench(a.out / "mix", engine=a.engine, max_trials=a.max_trials, rounds=rounds, log=say)
+        say(f"wrote {a.out / 'mix' / 'bench_mix.json'}")
     elif a.what == "ablation":
         real = sorted(Path(a.real).glob("*/tune*/trials.json")) if a.real else []
         if a.real and not real:
             raise InputError([Problem(str(a.real), "--real", "no tuning's trials.json under it",
                                       "give the folder `tritonkit bench versus` wrote (out/bench/versus)")])
-        run_ablation(a.out / "ablation", real=real, seeds=SEEDS, log=say)
+        run_ablation(a.out / "ablation", real=real, seeds=SEEDS, case=(a.case or [None])[0], engine=a.engine,
+                     log=say)
         say(f"wrote {a.out / 'ablation' / 'bench_ablation.json'}")
     elif a.what == "footprint":
         run_footprint(a.out / "footprint", log=say)
@@ -116,7 +123,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 def register(sub) -> None:
     sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
     sp.add_argument("what", choices=["generators", "tuner", "floor", "overload", "serving", "footprint", "routing",
-                                     "peer", "versus", "ablation"],
+                                     "peer", "versus", "ablation", "mix"],
                     help="generators: Locust HTTP vs asyncio gRPC capacity and distortion, and one load through all "
                          "three engines; "
                          "peer: Model Analyzer's quick search (the [peer] extra), then perf_analyzer judging its "
@@ -124,6 +131,8 @@ def register(sub) -> None:
                          "versus: the tuner against Model Analyzer from a naive start on built-in cases "
                          "(--case), both winners judged by perf_analyzer; "
                          "tuner: the tuner against an exhaustive grid over the same knobs; "
+                         "mix: three models under one traffic mix, tuned alone then together (tune --mix), "
+                         "both judged on the mix's scale and load-tested at it; "
                          "ablation: each of the tuner's noise rules switched off, on a simulated noisy world "
                          "(and counted in the real tunings under --real); "
                          "floor: one config's figure measured again and again (how closely two figures "
@@ -145,9 +154,12 @@ def register(sub) -> None:
                     help="floor: how many times the config's figure is measured (default 12); generators: rounds of "
                          "the three engines' agreement runs (default 3)")
     sp.add_argument("--case", action="append", choices=list(CASES),
-                    help="versus: a case to run (repeatable; default: all of them)")
+                    help="versus: a case to run (repeatable; default: all of them); ablation: the real case to "
+                         "tune once per rule switched off")
     sp.add_argument("--real", type=Path,
                     help="ablation: the folder `bench versus` wrote, whose tunings' trials are counted too")
+    sp.add_argument("--hold-loads", type=int, default=0,
+                    help="versus: 30 s load tests of each confirmed kit winner at its promised rate (default none)")
     sp.add_argument("--kit-runs", type=int, default=1,
                     help="versus: run `tune` this many times per case, every winner judged in the same rounds")
     sp.add_argument("--model-analyzer-from", type=Path,

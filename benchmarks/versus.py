@@ -14,7 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tritonkit.benchmarks.cases import write_case
-from tritonkit.benchmarks.judge import Entrant, format_judged, judge, judge_at_rate
+from tritonkit.benchmarks.judge import (
+    Entrant,
+    format_judged,
+    judge,
+    judge_at_rate,
+    judged_name,
+    measure_once,
+    served_side_by_side,
+)
 from tritonkit.benchmarks.model_analyzer import format_model_analyzer, peer_start, run_model_analyzer, winner_model
 from tritonkit.configs.loader import load_spec
 from tritonkit.errors import input_error
@@ -28,10 +36,13 @@ from tritonkit.tuner.trials import TrialWindow
 
 def run_versus(case: str, out_dir: Path, *, ma_wall_s: float, rounds: int = 3, seconds: float = 5.0,
                engine: str = TuneSettings.engine, max_trials: int = TuneSettings.max_trials, kit_runs: int = 1,
-               model_analyzer_from: Path | None = None, log: Callable[[str], None] = print) -> dict:
+               model_analyzer_from: Path | None = None, hold_loads: int = 0, hold_s: float = 30.0,
+               log: Callable[[str], None] = print) -> dict:
     """One case: MA's search (or its result from an earlier `bench_versus.json` of this case, as MA
     runs take 3-9 minutes here), `tune` `kit_runs` times from the same start, then every winner
-    before the judge together, so each tuning's pick is judged in the same rounds as MA's."""
+    before the judge together, so each tuning's pick is judged in the same rounds as MA's. Then,
+    for the most throughput, `hold_loads` load tests of `hold_s` seconds of each confirmed kit
+    winner at the rate its tuning promised."""
     folder = Path(out_dir).resolve() / case
     spec = load_spec(write_case(case, folder), folder / "repo")
     model = spec.models[0].name
@@ -76,11 +87,30 @@ def run_versus(case: str, out_dir: Path, *, ma_wall_s: float, rounds: int = 3, s
     log(format_judged(judged))
     for name, side in sides.items():
         side["judged"] = judged["entrants"].get(name)
+    promised = [e for e in entrants if e.claim_rps and sides.get(e.name, {}).get("confirmed")]
+    if hold_loads and promised:
+        held = hold(spec, model, promised, folder / "hold", loads=hold_loads, seconds=hold_s, p95_ms=slo, log=log)
+        for name, runs in held.items():
+            sides[name]["held_loads"] = runs
     result = {"schema": SCHEMA, "kind": "bench/versus", "case": case, "model": model, "p95_ms": slo, "rps": rps,
               "engine": engine, "sides": sides, "model_analyzer": ma, "judge": judged}
     write_bytes_atomic(folder / "bench_versus.json", json.dumps(result, indent=2, default=str).encode())
     log(format_versus(result))
     return result
+
+
+def hold(spec, model: str, entrants: list[Entrant], work: Path, *, loads: int, seconds: float, p95_ms: float,
+         log: Callable[[str], None]) -> dict[str, list[dict]]:
+    """Each entrant at its claim, `loads` times for `seconds`, in turn: what a user's load test would see."""
+    out: dict[str, list[dict]] = {e.name: [] for e in entrants}
+    with served_side_by_side(spec, model, entrants, work, log) as url:
+        for i in range(loads):
+            for e in entrants[i % len(entrants):] + entrants[:i % len(entrants)]:
+                run = measure_once(url, judged_name(model, e.name), e.name, e.claim_rps, seconds, p95_ms, 0.01)
+                log(f"   {e.name} {seconds:g} s at {e.claim_rps:.0f} req/s: {run.ok_rps:.0f} served, P95 "
+                    f"{run.p95_ms} ms, errors {run.error_ratio:.2%} -> {'holds' if run.held else 'misses'}")
+                out[e.name].append(vars(run))
+    return out
 
 
 def earlier_model_analyzer(path: Path, case: str) -> dict:

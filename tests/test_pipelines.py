@@ -209,13 +209,13 @@ def test_tune_mix_tunes_a_pipeline_and_a_model_together(tmp_path, pipeline_onnx)
     spec["models"][2]["slo"] = {"p95_ms": 50}
     spec["traffic"] = {"camera": 40, "class_head": 60}
     path = write_spec(tmp_path, spec)
-    r = tritonkit("tune", "--spec", str(path), "--mix", "--max-trials", "8", "--repo", str(tmp_path / "repo"),
+    r = tritonkit("tune", "--spec", str(path), "--mix", "--max-trials", "5", "--repo", str(tmp_path / "repo"),
                   "--state-dir", str(tmp_path / "state"), "--out", str(tmp_path / "out"), timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     mix = json.loads((tmp_path / "out" / "mix.json").read_text())
-    assert mix["confirmed"] and mix["scale"] >= 1 and len(mix["runs"]) <= 8
+    assert mix["confirmed"] and mix["scale"] >= 1 and len(mix["runs"]) <= 5
     assert set(mix["confirmation"]) == {"camera", "class_head"}
-    for name, f in mix["confirmation"].items():
+    for f in mix["confirmation"].values():
         assert f["p95_ms"] <= f["slo_ms"] and f["error_ratio"] <= 0.005 and f["requests"] > 0
     assert all(set(run["figures"]) == {"camera", "class_head"} for run in mix["runs"])
     tuned = yaml.safe_load((tmp_path / "tuned.yaml").read_text())

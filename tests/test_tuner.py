@@ -210,9 +210,9 @@ def test_online_decisions_hysteresis_and_rollback(served):
         ctl = Controller(client, "online_rules", 15.0, OnlineSettings(cooldown_s=10, settle_windows=2), None, print)
         ctl.cost = CostModel(2.0, 0.3)
         assert ctl.setpoint(100) == (0, [])  # light load: no waiting
-        heavy_delay, heavy_pref = ctl.setpoint(3000)
+        heavy_delay, heavy_pref = ctl.setpoint(1000)
         assert heavy_delay > 0 and heavy_pref and heavy_pref[0] >= 4  # heavy load: fill batches
-        assert heavy_delay / 1e3 + 2 * ctl.cost.t_ms(heavy_pref[0]) <= 15  # within the SLO budget
+        assert ctl.cost.p95_ms(heavy_pref[0], heavy_delay, 1000, 1) <= 15  # within the SLO, by the one estimate
 
         def window(t: float, rate: float, mean_ms: float) -> Window:
             cfg = ctl.config.dynamic_batching
@@ -221,16 +221,16 @@ def test_online_decisions_hysteresis_and_rollback(served):
             ctl.state.windows.append(w)
             return w
 
-        ctl.step(window(1, 3000, 5.0), 20.0)
+        ctl.step(window(1, 1000, 5.0), 20.0)
         assert ctl.state.changes == 0  # one window is not enough
-        ctl.step(window(2, 3000, 5.0), 21.0)
+        ctl.step(window(2, 1000, 5.0), 21.0)
         assert ctl.state.changes == 1 and ctl.state.in_flight is not None
         assert client.config("online_rules").dynamic_batching.max_queue_delay_microseconds == heavy_delay
-        ctl.step(window(3, 3000, 9.0), 22.0)  # 80% slower at the same rate: worse, roll back
+        ctl.step(window(3, 1000, 9.0), 22.0)  # 80% slower at the same rate: worse, roll back
         assert ctl.state.rollbacks == 1
         assert client.config("online_rules").dynamic_batching.max_queue_delay_microseconds == 20000
-        ctl.step(window(4, 3000, 5.0), 23.0)
-        ctl.step(window(5, 3000, 5.0), 24.0)
+        ctl.step(window(4, 1000, 5.0), 23.0)
+        ctl.step(window(5, 1000, 5.0), 24.0)
         assert ctl.state.changes == 1  # frozen after the rollback, and in the cool-down
     _reset(served, "online_rules")
 

@@ -20,7 +20,7 @@ from tritonkit.tuner import outputs
 from tritonkit.tuner.knobs import from_spec
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.offline import Objective, Search, Tuning
-from tritonkit.tuner.rules import RULES
+from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.settings import TuneSettings, slo_for
 from tritonkit.tuner.trials import LocalServer, Trials, TrialWindow
 
@@ -52,7 +52,7 @@ def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: P
                  p95_ms: float | None = None, rps: float | None = None,
                  max_trials: int = TuneSettings.max_trials, max_error_ratio: float = TuneSettings.max_errors,
                  max_batch: int | None = None, window: TrialWindow | None = None, margin: float = RULES.slo_margin,
-                 write_decision: bool = True, input_data: Path | None = None,
+                 write_decision: bool = True, input_data: Path | None = None, rules: Rules = RULES,
                  log: Callable[[str], None] = print) -> TuneResult:
     """`spec` is the command's resolved spec (configs.loader, against `repo`): a model that
     `tritonkit build` prepared is tuned as built."""
@@ -69,7 +69,7 @@ def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: P
                         input_data=input_data)
         tuning = None
         try:
-            search = Search(trials, objective, bound, max_trials, log, traits)
+            search = Search(trials, objective, bound, max_trials, log, traits, rules)
             tuning = search.run(from_spec(spec.model(model)))
             search.speed_check(tuning)
         finally:
