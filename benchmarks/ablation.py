@@ -22,6 +22,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from tritonkit.benchmarks.cases import write_case
+from tritonkit.benchmarks.judge import Entrant, judge
+from tritonkit.benchmarks.versus import hold
+from tritonkit.configs.loader import load_spec
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.slo import meets
@@ -29,7 +33,9 @@ from tritonkit.tuner.knobs import Knobs, grid, powers_of_two
 from tritonkit.tuner.noise import clear
 from tritonkit.tuner.offline import Objective, Search, predict_p95
 from tritonkit.tuner.rules import RULES, Rules
+from tritonkit.tuner.run import tune_offline
 from tritonkit.tuner.simulated import SLO_MS, WORLD, NoisySimulatedTrials, best_sustained
+from tritonkit.tuner.trials import TrialWindow
 
 SEEDS = 20
 HOLD_S = 30.0
@@ -115,13 +121,6 @@ def from_real_trials(trials_files: list[Path], rules: Rules = RULES) -> dict:
 def real_case(case: str, out_dir: Path, *, engine: str, log: Callable[[str], None]) -> dict:
     """`tune` once per variant on a `bench versus` case, then every winner judged side by side, and
     each winner held at its promised rate for HOLD_S seconds."""
-    from tritonkit.benchmarks.cases import write_case
-    from tritonkit.benchmarks.judge import Entrant, judge
-    from tritonkit.benchmarks.versus import hold
-    from tritonkit.configs.loader import load_spec
-    from tritonkit.tuner.run import tune_offline
-    from tritonkit.tuner.trials import TrialWindow
-
     folder = Path(out_dir).resolve() / case
     spec = load_spec(write_case(case, folder), folder / "repo")
     model = spec.models[0].name

@@ -117,6 +117,9 @@ def flatten(row: Row) -> dict:
             flat["errors_json"] = json.dumps(value or {}, sort_keys=True)
         elif key == "batch_histogram":
             flat["batch_histogram_json"] = json.dumps({str(k): v for k, v in sorted((value or {}).items())})
+        elif key == "steps":  # a pipeline's row: each step's queue and compute
+            for step in value:
+                flat.update({f"{step['model']}.{k}": step[k] for k in ("queue_ms", "compute_ms", "mean_batch")})
         elif isinstance(value, dict):
             flat.update({f"{key}.{sub}": v for sub, v in value.items()})
         else:

@@ -236,3 +236,21 @@ def test_tune_mix_needs_a_traffic_mix_and_slos(tmp_path, pipeline_onnx):
     assert not (tmp_path / "repo").exists() and not (tmp_path / "tuned.yaml").exists()
     r = tritonkit("tune", "--spec", str(path), "--repo", str(tmp_path / "repo"))
     assert r.returncode == 2 and "--model/--mix" in r.stderr
+
+
+def test_a_pipeline_sweep_moves_every_step_together(tmp_path, pipeline_onnx):
+    """`sweep --model <pipeline>`: each row gives every step model that max batch, measures the
+    pipeline end to end with each step's queue and compute, and the spec's configs are back after."""
+    import json
+
+    path = write_spec(tmp_path, pm.camera_spec(pipeline_onnx))
+    r = tritonkit("sweep", "--spec", str(path), "--model", "camera", "--rate", "60", "--duration", "2", "--warmup",
+                  "1", "--max-batch", "4", "--repo", str(tmp_path / "repo"), "--state-dir", str(tmp_path / "state"),
+                  "--out", str(tmp_path / "out"), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads((tmp_path / "out" / "sweep.json").read_text())["rows"]
+    assert [row["max_batch_size"] for row in rows] == [1, 2, 4]
+    for row in rows:
+        assert row["ok"] > 0 and [s["model"] for s in row["steps"]] == ["backbone", "box_head", "class_head"]
+        assert all(s["requests"] >= row["ok"] for s in row["steps"])
+    assert "max_batch_size: 8" in (tmp_path / "repo" / "backbone" / "config.pbtxt").read_text()

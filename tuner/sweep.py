@@ -5,6 +5,11 @@ preferred sizes that fit each max batch). Per row: the knobs put in force by `tu
 (config written, reloaded, checked against what Triton reports), warm up, measure a steady
 window, drain, and record latency, throughput, Triton's stage breakdown and the server's peak
 memory. The spec's own config is restored at the end, whatever happened.
+
+Swept by a pipeline's name, each row gives every model of the pipeline that max batch and delay
+together (each keeps its instance count and the preferred sizes that fit), puts them in force as
+joint tuning does (`tuner.mix.MixBox`) and measures the pipeline end to end, with each step's
+queue and compute in the row.
 """
 
 from __future__ import annotations
@@ -15,14 +20,16 @@ from pathlib import Path
 
 import psutil
 
+from tritonkit.configs.generate import generate
 from tritonkit.errors import ServerError
 from tritonkit.loadtests.load import Load, RequestClass
-from tritonkit.loadtests.measure import measure
+from tritonkit.loadtests.measure import measure, measure_by
 from tritonkit.loadtests.report import write_sweep_report
 from tritonkit.serving import Running
 from tritonkit.spec import Spec
 from tritonkit.tuner.apply import LiveConfig, Served
-from tritonkit.tuner.knobs import grid, powers_of_two
+from tritonkit.tuner.knobs import Knobs, grid, powers_of_two
+from tritonkit.tuner.mix import MixBox
 
 MAX_BATCH = 64  # the sweep's default top row (the batch-size study's 1, 2, 4 ... 64)
 
@@ -74,6 +81,9 @@ def sweep(r: Running, spec: Spec, repo: Path, model: str, load: Load, out_dir: P
           batch_sizes: list[int] | None = None, delays_us: list[int] | None = None,
           classes: list[RequestClass] | None = None,
           input_data: Path | None = None, log: Callable[[str], None] = print) -> dict[str, Path]:
+    if spec.pipeline(model) is not None:
+        return sweep_pipeline(r, spec, repo, model, load, out_dir, batch_sizes=batch_sizes, delays_us=delays_us,
+                              classes=classes, input_data=input_data, log=log)
     rows = []
     m = spec.model(model)
     preferred = m.batching.preferred_batch_sizes
@@ -97,4 +107,39 @@ def sweep(r: Running, spec: Spec, repo: Path, model: str, load: Load, out_dir: P
         live.restore(restart=False)  # back to what the spec says
     return write_sweep_report(rows, out_dir, slo_p95_ms=m.slo.p95_ms, memory_budget_mb=m.memory_budget_mb,
                               title=f"Batch-size sweep: {model}",
+                              load=f"{load.describe()}; {load.warmup_s:g} s warm-up, {load.duration_s:g} s steady")
+
+
+def sweep_pipeline(r: Running, spec: Spec, repo: Path, name: str, load: Load, out_dir: Path, *,
+                   batch_sizes: list[int] | None = None, delays_us: list[int] | None = None,
+                   classes: list[RequestClass] | None = None, input_data: Path | None = None,
+                   log: Callable[[str], None] = print) -> dict[str, Path]:
+    steps = spec.steps_of(name)
+    first = spec.model(steps[0])
+    points = grid(batch_sizes or powers_of_two(MAX_BATCH), delays_us or [first.batching.max_queue_delay_us], [1])
+    box = MixBox(spec, repo, r, log)
+    rows = []
+    try:
+        for k in points:
+            configs = {s: Knobs(k.max_batch, k.delay_us, spec.model(s).instances.count, preferred_sizes=tuple(
+                p for p in spec.model(s).batching.preferred_batch_sizes if p <= k.max_batch)) for s in steps}
+            refused = box.apply(configs)
+            if refused:
+                raise ServerError(f"max_batch {k.max_batch}, delay {k.delay_us} us: {refused}")
+            box.keep()
+            with PeakRss(r.server.proc.pid) as rss:
+                result = measure_by("asyncio", name, load, classes, url=r.endpoints.grpc, metrics=r.endpoints.metrics,
+                                    input_data=input_data, steps=steps)
+            row = row_from(result, k.max_batch, k.delay_us, rss.peak_mb)
+            row["steps"] = result["steps"]
+            rows.append(row)
+            per_step = ", ".join(f"{s['model']} {s['queue_ms'] or 0:.1f}+{s['compute_ms'] or 0:.1f} ms"
+                                 for s in result["steps"])
+            log(f"  [{len(rows)}/{len(points)}] max_batch {k.max_batch:>2} delay {k.delay_us:>6} us: "
+                f"{row['throughput_rps']:7.1f} req/s  P95 {row['p95_ms']:7.2f} ms  (queue+compute: {per_step})")
+    finally:
+        generate(spec, repo)  # back to what the spec says
+        for model in [*steps, name]:
+            r.load(model)
+    return write_sweep_report(rows, out_dir, slo_p95_ms=spec.slo_of(name).p95_ms, title=f"Batch-size sweep: {name}",
                               load=f"{load.describe()}; {load.warmup_s:g} s warm-up, {load.duration_s:g} s steady")
