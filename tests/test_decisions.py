@@ -947,7 +947,7 @@ def test_joint_tuning_moves_the_bottleneck_first_and_beats_the_configs_tuned_alo
     search = MixSearch.__new__(MixSearch)
     search.box, search.entries, search.max_trials, search.margin, search.max_errors = Box(), world.entries, 40, \
         0.1, 0.01
-    search.load, search.rules, search.log, search.runs = None, RULES, lambda s: None, []
+    search.load, search.rules, search.log, search.runs = Load(rate=1.0, duration_s=3), RULES, lambda s: None, []
     search.bounds = {"heavy": 16, "light": 16}
 
     def measure(configs, scale, phase):

@@ -15,8 +15,9 @@ same Rules (tuner/rules.py):
    models first, then the others' moves that give cores back (one instance fewer, a longer
    delay, a larger batch). A move is kept when the mix holds the rung above the incumbent's
    scale, and then climbs;
-3. the winner is confirmed: `runs` runs at its scale, each entry's requests pooled, every SLO met
-   itself and errors within `error_margin` of the bound, a rung lower until they are.
+3. the winner is confirmed: `runs` runs at its scale, `mix_confirm_s` seconds in all (as long as
+   the load test a user would check it with), each entry's requests pooled, every SLO met itself
+   and errors within `error_margin` of the bound, a rung lower until they are.
 """
 
 from __future__ import annotations
@@ -301,9 +302,20 @@ class MixSearch:
         return tuning
 
     def confirm(self, tuning: MixTuning) -> None:
-        """`runs` runs at the scale, pooled per entry, every SLO itself; a rung lower until they hold."""
+        """`runs` runs at the scale, `mix_confirm_s` seconds in all, pooled per entry, every SLO
+        itself; a rung lower until they hold."""
         scale = tuning.scale
-        self.log(f"== confirm: {self.rules.runs} runs pooled per entry, every SLO itself")
+        search_load = self.load
+        self.load = replace(search_load, duration_s=max(search_load.duration_s,
+                                                        self.rules.mix_confirm_s / self.rules.runs))
+        self.log(f"== confirm: {self.rules.runs} runs of {self.load.duration_s:g} s, pooled per entry, every SLO "
+                 "itself")
+        try:
+            self._confirm(tuning, scale)
+        finally:
+            self.load = search_load
+
+    def _confirm(self, tuning: MixTuning, scale: float) -> None:
         for _ in range(self.rules.max_steps_down):
             if len(self.runs) + self.rules.runs > self.max_trials:
                 return

@@ -40,6 +40,9 @@ class Rules:
     # -- what is promised ------------------------------------------------------------------------
     slo_margin: float = 0.1  # share of the SLO every trial holds back, for a minute 10% slower
     pooled: bool = True  # a confirmation pools its runs' requests (False: the majority of its runs)
+    # a traffic mix is confirmed over as long as the load test it promises: its P95s ran about 10%
+    # higher in 30 s load tests than in the 3 s runs of a confirmation that had just held
+    mix_confirm_s: float = 30.0
     over_share: float = 0.05  # a P95 lets this share of the requests exceed it
     error_margin: float = 0.5  # share of the error bound a confirmation may use: refusals come in bursts
     overload_factors: tuple[float, ...] = (1.5, 3.0)  # a protective queue policy is checked at these x capacity
