@@ -48,7 +48,6 @@ VARIANTS: dict[str, Rules] = {
     "one run decides every rate": replace(RULES, runs=1),
     "no pooled confirmation (majority of 3 runs)": replace(RULES, pooled=False),
     "no SLO margin": replace(RULES, slo_margin=0.0),
-    "no fitted rate (the ladder's rung)": replace(RULES, fit_rate=False),
 }
 
 

@@ -120,7 +120,7 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
             ranked = sorted((s for s in finalists if s.passed), key=lambda s: (-s.rate, -s.value))
             grid_best = None
             if ranked:
-                best = rules.refined(ranked[0])  # the rate read from its runs, as the tuner's winner's is
+                best = ranked[0]
                 log(f"== confirm the grid's best: {best.knobs.label()} at {best.rate:.0f} req/s")
                 grid_best = confirm(grid_trials, [best.knobs], best.rate, step_down=True, objective=objective)
             grid_s = time.perf_counter() - t0

@@ -27,7 +27,7 @@ from tritonkit.server_traits import ServerTraits
 from tritonkit.spec import Batching, QueuePolicy
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs, grid, powers_of_two
-from tritonkit.tuner.noise import Noise, clear, fitted_rate, majority, spread_of, wins
+from tritonkit.tuner.noise import Noise, clear, majority, spread_of, wins
 from tritonkit.tuner.offline import Objective, Search, predict_p95
 from tritonkit.tuner.online import Controller, OnlineSettings, Window
 from tritonkit.tuner.pooled import pooled, pooled_verdict
@@ -494,11 +494,6 @@ def test_the_noise_rules():
     assert not wins([(18.0, 20.0), (18.0, 20.0)], 0.2)  # 10% is within this machine's noise
     assert wins([(18.0, 20.0), (18.0, 20.0)], 0.03)  # and beyond a quiet one's
     assert not wins([(math.inf, 20.0), (10.0, 20.0)], 0.2)  # a failed candidate run loses
-    # the rate read from a fitted line: exact on a power law, none without a rising P95
-    points = [(r, 25.0 * (r / 1000) ** 2) for r in (800, 900, 1100, 1200)]
-    assert fitted_rate(points, 25.0) == pytest.approx(1000, rel=1e-6)
-    assert fitted_rate([(800, 10.0), (1200, 10.0)], 25.0) is None
-    assert fitted_rate([(800, 10.0), (800, 12.0)], 25.0) is None
 
 
 def test_trial_length_follows_the_rate_within_its_bounds():

@@ -86,20 +86,6 @@ def wins(pairs: list[tuple[float, float]], spread: float, rules: Rules = RULES) 
     return all(g > 0 for g in gains) and sum(gains) / len(gains) > needed
 
 
-def fitted_rate(points: list[tuple[float, float]], target_ms: float) -> float | None:
-    """(rate, P95 ms) runs of one config: the rate at which a least-squares line of log P95 on log
-    rate reaches the target. Pooling several runs at several rates averages their noise away, where
-    a rung of the ladder is a yes/no of two or three runs. None without two rates or a rising line."""
-    pts = [(math.log(r), math.log(p)) for r, p in points if r > 0 and p is not None and 0 < p < math.inf]
-    if len({x for x, _ in pts}) < 2:
-        return None
-    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
-    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
-    if slope < 0.1:  # P95 barely moves with the rate here: no edge to read
-        return None
-    return math.exp(mx + (math.log(target_ms) - my) / slope)
-
-
 def spread_of(values: list[float]) -> float | None:
     """(max - min) / median of repeated figures: what a user sees between two runs. None for fewer
     than two, or when most are 0 (a config that held nowhere has no spread to give)."""

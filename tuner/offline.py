@@ -32,14 +32,14 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from tritonkit.server_traits import ServerTraits, stall_risk
 from tritonkit.slo import meets
 from tritonkit.spec import QueuePolicy
 from tritonkit.tuner.costmodel import CostModel, batch_points, delay_for, fit
 from tritonkit.tuner.knobs import Knobs, max_instances, neighbours, on_ladder, powers_of_two
-from tritonkit.tuner.noise import Noise, clear, fitted_rate, majority, wins
+from tritonkit.tuner.noise import Noise, clear, majority, wins
 from tritonkit.tuner.pooled import pooled, pooled_verdict
 from tritonkit.tuner.protect import (
     Budget,
@@ -203,8 +203,8 @@ class Search:
     def sustained(self, k: Knobs, rate: float, phase: str, given: list[Trial] | None = None) -> Score:
         """The highest rate on the ladder that holds in most runs: climb from `rate` while it holds,
         step down from it while it does not. Stepping down, one failed run per rung is enough (a
-        rung too low is corrected by the fitted rate, `refined`); the first pass must hold in most
-        runs. `given`: runs at `rate` that already held there."""
+        rung too low costs the figure one rung); the first pass must hold in most runs. `given`:
+        runs at `rate` that already held there."""
         ok, runs = (True, given) if given else self.verdict_at(k, rate, phase)
         best = self._score(k, rate, runs, ok)
         if ok:
@@ -269,18 +269,6 @@ class Search:
         self.log(f"    {'kept' if won else 'not kept'}: P95 {_pairs(pairs)} ms against the incumbent's; "
                  f"noise {self.noise.spread:.2f}")
         return self._score(k, rate, [c0, c1], held) if won else None
-
-    def refined(self, s: Score) -> Score:
-        """The winner's rate read from a line fitted to all its runs near its ladder rate (within
-        two rungs), kept within one rung of it: where its typical P95 meets the target."""
-        near = [(t.rate, self.p95(t)) for t in self.t.trials if t.label == s.knobs.label() and t.rate
-                and s.rate / self.rules.rate_step ** 2 <= t.rate <= s.rate * self.rules.rate_step ** 2]
-        rate = fitted_rate(near, self.obj.target_p95_ms) if self.rules.fit_rate else None
-        if rate is None:
-            return s
-        rate = min(max(rate, s.rate / self.rules.rate_step), s.rate * self.rules.rate_step)
-        self.log(f"    rate read from {len(near)} runs: {rate:.0f} req/s (ladder: {s.rate:.0f})")
-        return replace(s, rate=rate)
 
     # -- the model-guided start -------------------------------------------------------------------
 
@@ -369,8 +357,6 @@ class Search:
                     log(f"    better: {k.label()}")
                     incumbent, improved = score, True
                     break
-        if incumbent.passed and not self.obj.rps:
-            incumbent = self.refined(incumbent)
         tuning = Tuning(self.obj, baseline, incumbent, cm, self.bound, stopped_because=stopped)
         if incumbent.passed:
             self._protect_and_confirm(tuning, cm)

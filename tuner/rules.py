@@ -25,7 +25,6 @@ class Rules:
     # no first rate above what the calibration's closed loop got through: the client shares the
     # machine with the server (predicted rates ran 1.7x past it on an overhead-bound model)
     ceiling: bool = True
-    fit_rate: bool = True  # the winner's rate read from a line through its runs near the edge
 
     # -- noise (tuner/noise.py) ------------------------------------------------------------------
     prior_spread: float = 0.2  # repeated runs near capacity on a shared 2-core box spread 0.1 to 0.4 (log P95)
