@@ -45,13 +45,13 @@ class CostModel:
 
     def p95_ms(self, max_batch: int, delay_us: int, rate: float, instances: int = 1) -> float:
         """The rough P95 at `rate` of batches up to `max_batch` formed within `delay_us` (above);
-        infinite where full batches would keep the instances 98% busy."""
+        infinite where the load would keep full batches `Rules.saturation` busy."""
         if rate <= 0:
             return self.t_ms(1)
         full = max(1, max_batch)
         b = max(1, min(full, math.ceil(rate * (delay_us / 1e6 + self.t_ms(full) / 1e3))))
         rho = rate / self.capacity(full, instances)
-        if rho >= 0.98:
+        if rho >= RULES.saturation:
             return math.inf
         wait_ms = min(delay_us / 1e3, b / rate * 1e3)
         return wait_ms + self.t_ms(b) * (1 + rho / (2 * (1 - rho)) / parallelism(instances))
@@ -66,9 +66,9 @@ class CostModel:
 
 
 def parallelism(instances: int) -> float:
-    """Instances beyond the cores left after Triton's own threads and the load generator (about
-    half a core together) run no faster in parallel."""
-    return max(1.0, min(float(instances), (os.cpu_count() or 1) - 0.5))
+    """Instances beyond the cores left after Triton's own threads and the load generator
+    (`Rules.reserved_cores`) run no faster in parallel."""
+    return max(1.0, min(float(instances), (os.cpu_count() or 1) - RULES.reserved_cores))
 
 
 def batch_points(before: dict, after: dict) -> list[tuple[int, int, float]]:

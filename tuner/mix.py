@@ -373,7 +373,7 @@ def tune_mix(spec: Spec, repo: Path, state_dir: Path, out_dir: Path, *, start: C
              max_trials: int = 40, margin: float = RULES.slo_margin, max_errors: float = 0.01,
              load: Load | None = None, log: Callable[[str], None] = print) -> tuple[MixTuning, list[MixRun], float]:
     entries = entries_of(spec)
-    load = load or Load(rate=1.0, duration_s=3.0, warmup_s=1.0, drain_s=2.0)
+    load = load or Load(rate=1.0, duration_s=RULES.mix_run_s, warmup_s=1.0, drain_s=2.0)
     t0 = time.perf_counter()
     log("traffic mix: " + ", ".join(f"{e.name} {e.rps:g} req/s (P95 <= {e.slo_ms:g} ms)" for e in entries))
     with mix_box(spec, repo, state_dir, entries, log) as box:

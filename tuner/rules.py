@@ -18,6 +18,9 @@ class Rules:
     min_executions: int = 3  # a batch size Triton ran fewer times than this is noise in the fit
     delay_step_us: int = 100  # no false precision in a delay
     delays_us: tuple[int, ...] = (0, 500, 2000, 8000)  # the delay knob's ladder, for the search and the grid
+    saturation: float = 0.98  # a load this share of the full batches' capacity: no P95 to estimate
+    # cores Triton's own threads and the load generator take: instances beyond the rest run no faster
+    reserved_cores: float = 0.5
 
     # -- rates ---------------------------------------------------------------------------------
     rate_step: float = 1.15  # the rate ladder: the resolution of a throughput figure
@@ -42,6 +45,7 @@ class Rules:
     # a traffic mix is confirmed over as long as the load test it promises: its P95s ran about 10%
     # higher in 30 s load tests than in the 3 s runs of a confirmation that had just held
     mix_confirm_s: float = 30.0
+    mix_run_s: float = 3.0  # one run of a whole traffic mix while searching
     over_share: float = 0.05  # a P95 lets this share of the requests exceed it
     error_margin: float = 0.5  # share of the error bound a confirmation may use: refusals come in bursts
     overload_factors: tuple[float, ...] = (1.5, 3.0)  # a protective queue policy is checked at these x capacity
