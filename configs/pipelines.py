@@ -78,6 +78,8 @@ def _one(file: str, at: str, p: PipelineSpec, models: dict[str, ModelSpec], tens
                                 f"(max_batch_size 0) but {with_axis} {'has' if ',' not in with_axis else 'have'} one",
                                 "give every model of a pipeline a batch axis, or none of them"))
 
+    same_axes = len(set(batched.values())) <= 1  # else per-sample dims are not comparable
+
     # who writes each pipeline tensor
     wires: dict[str, Wire] = {name: Wire(name, None, None, "the pipeline's inputs") for name in p.inputs}
     producer: dict[str, int] = {}
@@ -131,7 +133,7 @@ def _one(file: str, at: str, p: PipelineSpec, models: dict[str, ModelSpec], tens
                 problems.append(Problem(file, where, f"{wire!r} is {w.dtype} from {w.source}, but {step.model} "
                                         f"input {own} takes {t.dtype}",
                                         "map a tensor of the same type, or cast inside one of the models"))
-            elif not dims_agree(w.dims, None if t.dims is None else tuple(t.dims)):
+            elif same_axes and not dims_agree(w.dims, None if t.dims is None else tuple(t.dims)):
                 problems.append(Problem(file, where, f"{wire!r} has dims {list(w.dims or ())} from {w.source}, but "
                                         f"{step.model} input {own} takes {list(t.dims or ())} (-1: any size)",
                                         "map a tensor of a compatible shape"))

@@ -78,7 +78,8 @@ def write_all(folder: Path) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     return {"backbone": backbone(folder / "backbone.onnx"), "box_head": box_head(folder / "box_head.onnx"),
             "class_head": class_head(folder / "class_head.onnx"), "int_head": int_head(folder / "int_head.onnx"),
-            "narrow_head": narrow_head(folder / "narrow_head.onnx"), "relay": relay(folder / "relay.onnx")}
+            "narrow_head": narrow_head(folder / "narrow_head.onnx"), "relay": relay(folder / "relay.onnx"),
+            "ids_and_mask": ids_and_mask(folder / "ids_and_mask.onnx")}
 
 
 CAMERA = {
@@ -100,6 +101,14 @@ def camera_spec(onnx_dir: Path, pipeline: dict | None = None, extra_models: tupl
                "batching": {"max_queue_delay_us": 500}} for n in ("backbone", "box_head", "class_head")]
     return {"models": models + list(extra_models), "pipelines": [copy.deepcopy(pipeline or CAMERA)],
             "server": {"http_port": 0, "grpc_port": 0, "metrics_port": 0}}
+
+
+def ids_and_mask(path: Path) -> Path:
+    """ids, mask [N, seq] INT64 -> ids * mask: a step with two inputs."""
+    return _save([helper.make_node("Mul", ["ids", "mask"], ["out"])], "ids_and_mask",
+                 [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", "seq"]),
+                  helper.make_tensor_value_info("mask", TensorProto.INT64, ["N", "seq"])],
+                 [helper.make_tensor_value_info("out", TensorProto.INT64, ["N", "seq"])], [], path)
 
 
 def relay(path: Path) -> Path:

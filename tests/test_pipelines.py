@@ -64,8 +64,15 @@ BAD = {
                      "pipelines[0].inputs[1]", "no step reads pipeline input 'depth'"),
     "output never written": (lambda s, d: s["pipelines"][0].update(outputs=["boxes", "scores", "masks"]),
                              "pipelines[0].outputs[2]", "no step writes pipeline output 'masks'"),
-    "unmapped model input": (lambda s, d: _step(s, 0).update(inputs={}),
-                             "pipelines[0].steps[0].inputs", "should have at least 1 item"),
+    "unmapped model input": (lambda s, d: (s["models"].append(_extra(d, "ids_and_mask")),
+                                           s["pipelines"][0].update(inputs=["image", "ids"],
+                                                                    outputs=["boxes", "scores", "tokens"]),
+                                           s["pipelines"][0]["steps"].append({"model": "ids_and_mask",
+                                                                              "inputs": {"ids": "ids"},
+                                                                              "outputs": {"out": "tokens"}})),
+                             "pipelines[0].steps[3].inputs", "ids_and_mask's input 'mask' is not mapped"),
+    "a step that maps nothing": (lambda s, d: _step(s, 0).update(inputs={}),
+                                 "pipelines[0].steps[0].inputs", "should have at least 1 item"),
     # no cycles
     "cycle": (lambda s, d: (s["models"].extend([_extra(d, "relay_a", "relay"), _extra(d, "relay_b", "relay")]),
                             s["pipelines"][0]["steps"].extend([
