@@ -192,7 +192,8 @@ class MixSearch:
 
     @property
     def left(self) -> int:
-        return self.max_trials - len(self.runs) - self.rules.runs  # the confirmation's runs stay reserved
+        # a confirmation at two scales stays reserved: a slower minute after the search costs a rung
+        return self.max_trials - len(self.runs) - 2 * self.rules.runs
 
     def measure(self, configs: Configs, scale: float, phase: str) -> MixRun:
         refused = self.box.apply(configs)
