@@ -37,6 +37,9 @@ from tritonkit.stats import percentile
 JUDGE_STEP = 1.05  # the figure's resolution: two configs differ by what they hold, not by a coarse rung
 START_ABOVE = 1.15  # the ladder starts this far above the highest claim, so a figure is an edge, not a claim
 FLOOR_BELOW = 4.0  # ... and stops this far below the lowest: an entrant that holds nothing there scores 0
+# An entrant that holds at its start climbs at most this far above it: a claim of half what a config
+# holds is the tuner's failure to report (a finding in itself), not a figure worth 15 more runs a round
+CLIMB_LIMIT = 2.0
 CALIBRATION_S = 3.0
 FALLBACK = "asyncio (perf_analyzer stopped at a refused request)"
 
@@ -79,7 +82,7 @@ def served_side_by_side(spec: Spec, model: str, entrants: list[Entrant], work: P
 
 
 def judge(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, p95_ms: float, max_errors: float = 0.01,
-          rounds: int = 3, seconds: float = 5.0, floor_rps: float | None = None,
+          rounds: int = 3, seconds: float = 5.0, floor_rps: float | None = None, climb_limit: float = CLIMB_LIMIT,
           log: Callable[[str], None] = print) -> dict:
     """Each entrant's sustained rate under the SLO, `rounds` times, by the rule above; an entrant
     that holds nothing down to `floor_rps` (default: FLOOR_BELOW under its own claim) scores 0."""
@@ -93,7 +96,7 @@ def judge(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, p95_ms
         floors = {name: floor_rps or claim / FLOOR_BELOW for name, claim in claims.items()}
         log(f"== the judge: {rounds} rounds, each entrant from a rung above its claim down in {JUDGE_STEP - 1:.0%} "
             f"steps, P95 <= {p95_ms:g} ms, errors <= {max_errors:.0%}, {seconds:g} s a run")
-        figures, p95_at = ladder(starts, floors, rounds, measure, log)
+        figures, p95_at = ladder(starts, floors, rounds, measure, log, climb_limit)
     return {"p95_ms": p95_ms, "max_errors": max_errors, "rounds": rounds, "seconds": seconds,
             "step": JUDGE_STEP, "claims": {k: round(v, 1) for k, v in claims.items()},
             "entrants": {e.name: _summary(e, figures[e.name], p95_at[e.name], runs, starts[e.name])
@@ -140,12 +143,14 @@ def _measurer(url: str, model: str, runs: list[Run], seconds: float, p95_ms: flo
 
 
 def ladder(starts: dict[str, float], floors: dict[str, float], rounds: int, measure: Callable[[str, float], Run],
-           log: Callable[[str], None] = print) -> tuple[dict[str, list[float]], dict[str, list[float | None]]]:
+           log: Callable[[str], None] = print, climb_limit: float = CLIMB_LIMIT
+           ) -> tuple[dict[str, list[float]], dict[str, list[float | None]]]:
     """The rounds: each entrant from its own start down in JUDGE_STEP steps to its floor, one run at
     a time per pending entrant in turn (the order rotating from round to round), so a drift of the
     machine falls on all alike; an entrant's figure for a round is the served rate of its first run
     that held, 0 where none held. An entrant that holds at its start climbs instead, in JUDGE_STEP
-    steps, and its figure is the last rate that held: a start is a claim, never a ceiling."""
+    steps up to `climb_limit` times its start, and its figure is the last rate that held: a start
+    is a claim, never a ceiling."""
     names = list(starts)
     figures: dict[str, list[float]] = {n: [] for n in names}
     p95_at: dict[str, list[float | None]] = {n: [] for n in names}
@@ -163,7 +168,7 @@ def ladder(starts: dict[str, float], floors: dict[str, float], rounds: int, meas
                     continue
                 run = measure(name, rate[name])
                 first = rate[name] == starts[name]
-                if run.held and (first or name in climbing) and rate[name] < starts[name] * FLOOR_BELOW:
+                if run.held and (first or name in climbing) and rate[name] * JUDGE_STEP <= starts[name] * climb_limit:
                     climbing[name] = run
                     rate[name] *= JUDGE_STEP
                     continue

@@ -82,7 +82,8 @@ def test_the_judge_scores_configs_side_by_side_and_counts_refusals(workdir):
         "preferred_batch_sizes": [], "max_queue_delay_us": 0,
         "default_queue_policy": QueuePolicy(max_queue_size=1)}), "max_batch_size": 1})
     j = judge(spec, "peer_mlp", [Entrant("plain", m, claim_rps=120), Entrant("tiny", tiny, claim_rps=150)],
-              workdir / "judge", p95_ms=50, rounds=1, seconds=1.0, floor_rps=120, log=lambda s: None)
+              workdir / "judge", p95_ms=50, rounds=1, seconds=1.0, floor_rps=120, climb_limit=1.0,
+              log=lambda s: None)
     plain, refusing = j["entrants"]["plain"], j["entrants"]["tiny"]
     assert plain["rps"] > 0 and plain["runs"] >= 1
     runs = [r for r in j["runs"] if r["entrant"] == "tiny"]

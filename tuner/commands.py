@@ -11,8 +11,7 @@ from tritonkit.configs.steps import serve_configured
 from tritonkit.errors import InputError, flag_problem
 from tritonkit.loadtests.commands import FREE_PORTS, load_args, load_from
 from tritonkit.server import read_state
-from tritonkit.spec import parse_spec
-from tritonkit.tuner import outputs
+from tritonkit.spec import TUNED_FILE, parse_spec
 from tritonkit.tuner.knobs import powers_of_two
 from tritonkit.tuner.mix import format_mix, tune_mix
 from tritonkit.tuner.online import OnlineSettings, run_online
@@ -81,15 +80,13 @@ def _tune_mix(a: argparse.Namespace, s: TuneSettings) -> int:
     repo = a.repo or DEFAULT_REPO
     spec = load_spec(a.spec, repo)
     tuning, runs, seconds = tune_mix(spec, repo, a.state_dir, a.out, max_trials=s.max_trials,
-                                     margin=s.margin, max_errors=s.max_errors, log=say)
+                                     margin=s.margin, max_errors=s.max_errors, write_decision=True, log=say)
     say("\n" + format_mix(tuning))
     say(f"{len(runs)} runs of the mix in {seconds:.0f} s; wrote {a.out / 'mix.json'}")
     if not tuning.confirmed:
         say("no scale of the mix held every SLO on a second measurement: nothing was changed")
         return 1
-    for model, k in tuning.best.items():
-        path = outputs.write_tuned(spec, model, k)
-    say(f"wrote {path}: the mix holds x{tuning.scale:.2f} its traffic")
+    say(f"wrote {spec.path.parent / TUNED_FILE}: the mix holds x{tuning.scale:.2f} its traffic")
     return 0
 
 

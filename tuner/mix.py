@@ -41,6 +41,7 @@ from tritonkit.serving import Running, running
 from tritonkit.slo import meets
 from tritonkit.spec import Spec
 from tritonkit.stats import percentile
+from tritonkit.tuner import outputs
 from tritonkit.tuner.knobs import Knobs, from_spec, max_instances, neighbours
 from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.run import max_batch_bound
@@ -372,14 +373,17 @@ def start_configs(spec: Spec, entries: list[Entry]) -> Configs:
 
 def tune_mix(spec: Spec, repo: Path, state_dir: Path, out_dir: Path, *, start: Configs | None = None,
              max_trials: int = 40, margin: float = RULES.slo_margin, max_errors: float = 0.01,
-             load: Load | None = None, log: Callable[[str], None] = print) -> tuple[MixTuning, list[MixRun], float]:
+             load: Load | None = None, rules: Rules = RULES, write_decision: bool = False,
+             log: Callable[[str], None] = print) -> tuple[MixTuning, list[MixRun], float]:
+    """The spec's traffic mix tuned together (module doc); with `write_decision`, a confirmed
+    tuning's configs go into tuned.yaml, every model's."""
     entries = entries_of(spec)
-    load = load or Load(rate=1.0, duration_s=RULES.mix_run_s, warmup_s=1.0, drain_s=2.0)
+    load = load or Load(rate=1.0, duration_s=rules.mix_run_s, warmup_s=1.0, drain_s=2.0)
     t0 = time.perf_counter()
     log("traffic mix: " + ", ".join(f"{e.name} {e.rps:g} req/s (P95 <= {e.slo_ms:g} ms)" for e in entries))
     with mix_box(spec, repo, state_dir, entries, log) as box:
         search = MixSearch(box, entries, max_trials=max_trials, margin=margin, max_errors=max_errors, load=load,
-                           log=log)
+                           rules=rules, log=log)
         tuning = search.run(start or start_configs(spec, entries))
     seconds = time.perf_counter() - t0
     write_bytes_atomic(Path(out_dir) / "mix.json", json.dumps({
@@ -389,6 +393,9 @@ def tune_mix(spec: Spec, repo: Path, state_dir: Path, out_dir: Path, *, start: C
         "confirmed": tuning.confirmed, "confirmation": tuning.confirmation,
         "stopped_because": tuning.stopped_because, "seconds": round(seconds, 1),
         "runs": [r.to_json() for r in search.runs]}, indent=2, default=list).encode())
+    if write_decision and tuning.confirmed:
+        for model, k in tuning.best.items():
+            outputs.write_tuned(spec, model, k)
     return tuning, search.runs, seconds
 
 
