@@ -24,6 +24,7 @@ from tritonkit.errors import InputError, Problem
 from tritonkit.files import copy_file_atomic, write_bytes_atomic
 from tritonkit.input_rules import PARAMETER, InputRule, rules_parameter
 from tritonkit.inputs import Sampler
+from tritonkit.server import find_install
 from tritonkit.spec import ModelSpec, PipelineSpec, QueuePolicy, Spec, TensorSpec
 
 VERSION = "1"  # one served version per model; the repository is regenerated, not versioned by hand
@@ -54,14 +55,22 @@ def gpu_present() -> bool:
     return gpu.target().reason is None
 
 
+def local_onnx_runtime() -> str:
+    """The ONNX path the local tritonserver has (`server.find_install`, the one that `serve` starts):
+    Triton's native onnxruntime backend where its install has it (a full build on PATH or named by
+    $TRITONSERVER), else ONNX Runtime inside the python backend (the bundled server)."""
+    return "onnxruntime" if find_install().has_backend("onnxruntime") else "python-onnxruntime"
+
+
 def resolve_runtime(m: ModelSpec, target: str) -> str:
     """`auto`: TensorRT where a GPU and TensorRT are present; otherwise the ONNX path that the
-    target server has: the python backend on the bundled local server, onnxruntime in NGC images."""
+    target server has: on the local server what its install offers (`local_onnx_runtime`),
+    onnxruntime in NGC images."""
     if m.runtime != "auto":
         return m.runtime
     if gpu_present():
         return "tensorrt"
-    return "python-onnxruntime" if target == "local" else "onnxruntime"
+    return local_onnx_runtime() if target == "local" else "onnxruntime"
 
 
 def resolve(spec: Spec, m: ModelSpec, target: str = "local", out: Path | None = None) -> ResolvedModel:

@@ -23,7 +23,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonkit import sample_model, server_traits
 from tritonkit.clients import Client
-from tritonkit.configs.generate import generate
+from tritonkit.configs.generate import generate, local_onnx_runtime
 from tritonkit.configs.loader import load_spec
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, Outcome
@@ -122,8 +122,18 @@ def traits_from(version: str, evidence: dict) -> ServerTraits:
     return ServerTraits(version, stalls=not held1, safe_instances=safe, probed_at=when, evidence=evidence)
 
 
+def local_install_line() -> str:
+    """Which tritonserver runs locally, the backends it has, and the one `runtime: auto` serves ONNX with."""
+    runtime = local_onnx_runtime()
+    backend = "its onnxruntime backend" if runtime == "onnxruntime" else "ONNX Runtime in its python backend"
+    return f"local tritonserver: {find_install().describe()}; runtime auto (no GPU) serves ONNX with {runtime} " \
+           f"({backend})"
+
+
 def probe(state_dir: Path, log: Callable[[str], None], url: str | None = None) -> ServerTraits:
     """Measure the server and cache the answer under its version (and, for the bundled one, its binary)."""
+    if url is None:
+        log(local_install_line())
     with tempfile.TemporaryDirectory(prefix="tritonkit-probe-") as tmp, _served(Path(tmp), state_dir, url, log) as at:
         with Client(at) as c:
             version = c.server_version()

@@ -13,7 +13,7 @@ from tritonkit.configs.loader import load_spec
 from tritonkit.configs.steps import serve_configured
 from tritonkit.demo import run_demo
 from tritonkit.errors import KitError, raise_flag_problems
-from tritonkit.spec import parse_spec
+from tritonkit.spec import Spec, parse_spec
 
 
 def cmd_sample_model(a: argparse.Namespace) -> int:
@@ -22,6 +22,15 @@ def cmd_sample_model(a: argparse.Namespace) -> int:
     say(f"wrote {a.out} ({a.layers} x {a.width}x{a.width} FP32 MLP, {a.out.stat().st_size / 2**20:.0f} MiB) "
         f"in {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def served_names(spec: Spec, served: tuple[str, ...]) -> str:
+    """What a server serves, as the banner says it: its models, then its pipelines."""
+    pipelines = {p.name for p in spec.pipelines}
+    models = [n for n in served if n not in pipelines]
+    piped = [n for n in served if n in pipelines]
+    said = f"{len(models)} model(s): {', '.join(models) or 'none'}"
+    return said + (f"; {len(piped)} pipeline(s): {', '.join(piped)}" if piped else "")
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
@@ -35,7 +44,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     with serve_configured(spec, a.repo, a.state_dir, ports=port_overrides(a), log=say) as r:
         ep = r.endpoints
-        say(f"serving {', '.join(m.name for m in spec.models)}\n"
+        say(f"serving {served_names(spec, r.served)}\n"
             f"  HTTP     http://{ep.http}\n  gRPC     {ep.grpc}\n  metrics  {ep.metrics}\n"
             f"  model control needs header {ep.key_header!r} (value in {a.state_dir}/server.json, or "
             f"${spec.server.restricted_key.value_env})\nCtrl-C stops the server.")

@@ -1,9 +1,13 @@
 """Start and stop a real `tritonserver` on this machine.
 
-The binary comes from PATH when the user has one, else from the `nvidia-pytriton` wheel (Triton
-2.51, python backend only). The wheel keeps one python-backend stub per Python version, and the
-backend looks for its stub beside `libtriton_python.so`, so the kit lays out a backend folder of
-its own under the state dir instead of writing into site-packages.
+The binary comes from `$TRITONSERVER` or PATH when the user has one, else from the `nvidia-pytriton`
+wheel (Triton 2.51, python backend only). The wheel keeps one python-backend stub per Python version,
+and the backend looks for its stub beside `libtriton_python.so`, so the kit lays out a backend folder
+of its own under the state dir instead of writing into site-packages. Which backends an install has
+(`Install.backends`) is read from its backend folder, once, here: `runtime: auto` asks it.
+
+A server is started with the models it serves (`--load-model`), so that Triton loads them before
+its endpoints answer: with `--strict-readiness`, ready means every one of them is ready.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import errno
 import importlib.util
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -20,6 +25,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -30,18 +36,40 @@ from tritonkit.spec import ServerSpec
 STATE_FILE = "server.json"
 
 
+DEFAULT_BACKEND_DIR = Path("/opt/tritonserver/backends")  # where a tritonserver looks without --backend-directory
+
+
 @dataclass(frozen=True)
 class Install:
     binary: Path
-    backend_dir: Path | None  # None: the binary's own default (/opt/tritonserver/backends)
+    backend_dir: Path | None  # None: the binary's own default (DEFAULT_BACKEND_DIR)
     cache_dir: Path | None
     lib_dirs: tuple[Path, ...] = ()
+    bundled: bool = False  # the nvidia-pytriton wheel's server (python backend only, laid out by prepare_backends)
 
     @property
     def fingerprint(self) -> str:
         """Which server this is without starting it: what a probe's result is cached under."""
         st = self.binary.stat()
         return f"{self.binary.resolve()}:{st.st_size}:{int(st.st_mtime)}"
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backends this server can load: each `<backend dir>/<name>/libtriton_<name>.so`."""
+        root = self.backend_dir or DEFAULT_BACKEND_DIR
+        try:
+            found = [d.name for d in root.iterdir() if (d / f"libtriton_{d.name}.so").is_file()]
+        except OSError:
+            return ()
+        return tuple(sorted(found))
+
+    def has_backend(self, name: str) -> bool:
+        return name in self.backends
+
+    def describe(self) -> str:
+        kind = "bundled with nvidia-pytriton" if self.bundled else "a full build"
+        where = self.backend_dir or DEFAULT_BACKEND_DIR
+        return f"{self.binary} ({kind}); backends in {where}: {', '.join(self.backends) or 'none'}"
 
 
 @dataclass
@@ -85,17 +113,24 @@ def find_install() -> Install:
         if not os.access(explicit, os.X_OK):
             raise ServerError(f"TRITONSERVER={explicit} is not an executable file "
                               "(fix: point it at a tritonserver binary, or unset it to use the bundled one)")
-        return Install(Path(explicit), None, None)
+        return _full_install(Path(explicit))
     on_path = _which("tritonserver")
     if on_path:
-        return Install(Path(on_path), None, None)
+        return _full_install(Path(on_path))
     root = _bundle_root()
     if root is None or not (root / "tritonserver/bin/tritonserver").exists():
         raise ServerError("no tritonserver found: none on PATH and the nvidia-pytriton wheel is not installed "
                           "(fix: run `make setup`, or put tritonserver on PATH)")
     dist = root / "tritonserver"
     return Install(dist / "bin/tritonserver", dist / "backends", dist / "caches",
-                   (root.parent / "nvidia_pytriton.libs",))
+                   (root.parent / "nvidia_pytriton.libs",), bundled=True)
+
+
+def _full_install(binary: Path) -> Install:
+    """A tritonserver of the user's: its backends are in `<root>/backends` beside `<root>/bin/tritonserver`
+    (an NGC image's /opt/tritonserver, an unpacked release) when that folder exists, else in the default."""
+    beside = binary.resolve().parent.parent / "backends"
+    return Install(binary, beside if beside.is_dir() else None, None)
 
 
 def _which(name: str) -> str | None:
@@ -106,7 +141,7 @@ def _which(name: str) -> str | None:
 
 def prepare_backends(install: Install, state_dir: Path) -> Install:
     """Copy the bundled backend and cache into state_dir, with this Python's stub beside the backend."""
-    if install.backend_dir is None:
+    if not install.bundled:
         return install
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = install.binary.parent.parent / "python_backend_stubs" / version / "triton_python_backend_stub"
@@ -122,7 +157,7 @@ def prepare_backends(install: Install, state_dir: Path) -> Install:
     caches = state_dir / "tritonserver" / "caches"
     cache_lib = Path("local") / "libtritoncache_local.so"
     copy_file_atomic(install.cache_dir / cache_lib, caches / cache_lib)
-    return Install(install.binary, backends, caches, install.lib_dirs)
+    return Install(install.binary, backends, caches, install.lib_dirs, bundled=True)
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -187,15 +222,33 @@ def _watch_group(pgid: int) -> int:
     return write_end
 
 
+# What the server's log says about the models it loads at start (Triton 2.51's wording).
+_STAMP = re.compile(r"^[IWEF]\d{4} (\d\d):(\d\d):(\d\d(?:\.\d+)?) ")
+_LOADING = re.compile(r"\] \"loading: (.+):\d+\"$")
+_LOADED = re.compile(r"\] \"successfully loaded '(.+?)'")
+_FAILED = re.compile(r"\] \"failed to load '(.+?)' version \d+: (.*?)\"?$")
+# error lines on every CPU-only machine, never a reason a server stopped
+_BENIGN = ("CudaDriverHelper has not been initialized",)
+
+
+def _seconds(line: str) -> float | None:
+    m = _STAMP.match(line)
+    return None if m is None else int(m[1]) * 3600 + int(m[2]) * 60 + float(m[3])
+
+
 class LocalTriton:
-    """One tritonserver process with explicit model control. Use as a context manager, or call
-    start() and stop(). stop() signals the server by its own pid, then sweeps its process group
-    so that no python-backend stub outlives it."""
+    """One tritonserver process with explicit model control, started with `models` loaded (Triton
+    loads them before its endpoints answer, so it is ready only when they are; more are loaded
+    later through the API). Use as a context manager, or call start() and stop(). stop() signals
+    the server by its own pid, then sweeps its process group so that no python-backend stub
+    outlives it."""
 
     def __init__(self, repository: Path, server: ServerSpec, state_dir: Path, *, use_cache: bool = False,
                  http_port: int | None = None, grpc_port: int | None = None, metrics_port: int | None = None,
-                 log_verbose: int = 0, cpus: set[int] | None = None, restricted: bool = True):
+                 log_verbose: int = 0, cpus: set[int] | None = None, restricted: bool = True,
+                 models: Sequence[str] = ()):
         self.repository = Path(repository).resolve()
+        self.models = tuple(models)  # loaded at start, in this order (a pipeline after its models)
         # False only for a peer tool that loads models itself and cannot send the key header (Model
         # Analyzer's remote mode)
         self.restricted = restricted
@@ -243,6 +296,7 @@ class LocalTriton:
             "--exit-timeout-secs=10",
             f"--log-verbose={self.log_verbose}",
         ]
+        cmd += [f"--load-model={name}" for name in self.models]
         if self.restricted:
             cmd += [f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]
         if install.backend_dir:
@@ -272,41 +326,87 @@ class LocalTriton:
         self.endpoints = Endpoints(self.server.host, ports["http_port"], ports["grpc_port"], ports["metrics_port"],
                                    key[0], key[1], self.proc.pid)
         try:
-            self._wait_live()
+            self._wait_ready()
         except BaseException:
             self.stop()
             raise
         self._write_state()
         return self.endpoints
 
-    def _wait_live(self) -> None:
+    def _wait_ready(self) -> None:
+        """Until /v2/health/ready answers 200: the server is up and (strict readiness) every model
+        it loaded at start is ready. A model that fails to load makes tritonserver exit."""
         import urllib.error
         import urllib.request
 
-        url = f"http://{self.endpoints.http}/v2/health/live"
+        url = f"http://{self.endpoints.http}/v2/health/ready"
         deadline = time.monotonic() + self.server.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServerError(f"tritonserver exited with code {self.proc.returncode} while starting: "
-                                  f"{self.failure_reason()} (full log: {self.log_path})")
+                raise ServerError(self._start_failure())
             try:
                 with urllib.request.urlopen(url, timeout=1) as r:
                     if r.status == 200:
                         return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
+            except (urllib.error.URLError, ConnectionError, TimeoutError):  # HTTPError (not ready) included
                 pass
-            time.sleep(0.1)
-        raise ServerError(f"tritonserver did not become live within {self.server.startup_timeout_s:.0f} s "
-                          f"(log: {self.log_path})")
+            time.sleep(0.05)
+        loaded = self.load_times()
+        pending = [n for n in self.models if n not in loaded]
+        still = f"; still loading {', '.join(pending)}" if pending else ""
+        raise ServerError(f"tritonserver was not ready within {self.server.startup_timeout_s:.0f} s{still} "
+                          f"(fix: raise server.startup_timeout_s; log: {self.log_path})")
+
+    def _start_failure(self) -> str:
+        """Why the server exited while starting: each model that failed to load with Triton's reason
+        (tritonserver exits when a --load-model fails), else the log's most telling line."""
+        code = self.proc.returncode
+        failed = self.failed_models()
+        named = [n for n in self.models if n in failed] + [n for n in failed if n not in self.models]
+        if named:
+            why = "; ".join(f"model {n!r} failed to load: {failed[n]}" for n in named)
+            return f"{why} (tritonserver exited at start with code {code}; server log: {self.log_path})"
+        return (f"tritonserver exited with code {code} while starting: {self.failure_reason()} "
+                f"(full log: {self.log_path})")
+
+    def _log_lines(self) -> list[str] | None:
+        try:
+            return [ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return None
+
+    def failed_models(self) -> dict[str, str]:
+        """Models the log says failed to load, with Triton's reason (the first for each)."""
+        failed: dict[str, str] = {}
+        for ln in self._log_lines() or []:
+            m = _FAILED.search(ln)
+            if m:  # a python backend's reason goes on with its traceback (escaped newlines): its first line
+                failed.setdefault(m[1], m[2].split("\\n")[0].strip()[:400])
+        return failed
+
+    def load_times(self) -> dict[str, float | None]:
+        """Each model the log says loaded, with the seconds from `loading` to `successfully loaded`
+        (None where a stamp is missing)."""
+        started: dict[str, float | None] = {}
+        took: dict[str, float | None] = {}
+        for ln in self._log_lines() or []:
+            if m := _LOADING.search(ln):
+                started[m[1]] = _seconds(ln)
+            elif m := _LOADED.search(ln):
+                t0, t1 = started.get(m[1]), _seconds(ln)
+                took[m[1]] = None if t0 is None or t1 is None else (t1 - t0) % 86400
+        return took
 
     def failure_reason(self) -> str:
-        """The most telling line of the server log: its first error line, else its last line."""
-        try:
-            lines = [ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
-        except OSError:
+        """The most telling line of the server log: tritonserver's last `error:` (what it exits
+        with), else its first error line, else its last line."""
+        lines = self._log_lines()
+        if lines is None:
             return "no log"
-        errors = [ln for ln in lines if ln.startswith("E") or "error" in ln.lower()]
-        return (errors or lines or ["empty log"])[0][:400]
+        fatal = [ln for ln in lines if ln.startswith("error:")]
+        errors = [ln for ln in lines if (ln.startswith("E") or "error" in ln.lower())
+                  and not any(b in ln for b in _BENIGN)]
+        return (fatal[-1:] or errors or lines or ["empty log"])[0][:400]
 
     def _write_state(self) -> None:
         data = json.dumps(asdict(self.endpoints) | {"repository": str(self.repository)}, indent=2).encode()

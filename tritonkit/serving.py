@@ -1,6 +1,8 @@
-"""A spec's models served by a local tritonserver: start, load each model, stop.
+"""A spec's models served by a local tritonserver: start it with its models loaded, stop it.
 
-Used by `tritonkit serve`, the demo and the tests, so that all three start Triton the same way.
+Used by `tritonkit serve`, the demo and the tests, so that all three start Triton the same way. The
+models (and pipelines, after their models) are loaded by Triton itself as it starts (`--load-model`),
+so the server reports ready only once every one of them can answer; `Running.load` reloads one later.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tritonkit.spec import Spec
 class Running:
     server: LocalTriton
     endpoints: Endpoints
+    served: tuple[str, ...] = ()  # the models and pipelines loaded at start, a pipeline after its models
 
     def client(self, protocol: str = "grpc") -> Client:
         url = self.endpoints.grpc if protocol == "grpc" else self.endpoints.http
@@ -49,12 +52,15 @@ def running(spec: Spec, repository: Path, state_dir: Path, *, models: list[str] 
             cpus: set[int] | None = None) -> Iterator[Running]:
     names = spec.with_steps(models if models is not None else spec.served())  # a pipeline after its models
     use_cache = any(m.response_cache for m in spec.models if m.name in names)
-    server = LocalTriton(repository, spec.server, state_dir, use_cache=use_cache, cpus=cpus, **(ports or {}))
-    log("starting tritonserver ...")
+    server = LocalTriton(repository, spec.server, state_dir, use_cache=use_cache, cpus=cpus, models=names,
+                         **(ports or {}))
+    log(f"starting tritonserver with {len(names)} model(s) ...")
+    t0 = time.perf_counter()
     with server:
-        r = Running(server, server.endpoints)
-        log(f"  live (pid {server.proc.pid}); loading {len(names)} model(s)")
+        took = server.load_times()
         for name in names:
-            r.load(name, log)
-        yield r
+            t = took.get(name)
+            log(f"  loaded {name}" + (f" in {t:.1f} s" if t is not None else ""))
+        log(f"  ready (pid {server.proc.pid}) in {time.perf_counter() - t0:.1f} s")
+        yield Running(server, server.endpoints, tuple(names))
     log("tritonserver stopped")
