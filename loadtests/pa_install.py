@@ -49,6 +49,10 @@ class PerfAnalyzer:
         return env
 
 
+class PerfAnalyzerMissing(KitError):
+    """No perf_analyzer that runs could be found or installed for the server's version."""
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tritonkit" / "perf_analyzer"
 
@@ -66,7 +70,7 @@ def find(server_version: str, *, install: bool = True, log=print) -> PerfAnalyze
     binary = folder / "perf_analyzer"
     if not binary.exists():
         if not install:
-            raise KitError(f"no perf_analyzer for Triton {server_version}: none on PATH, none in {folder} "
+            raise PerfAnalyzerMissing(f"no perf_analyzer for Triton {server_version}: none on PATH, none in {folder} "
                            f"(run `tritonkit perf-analyzer` to install it, or set ${ENV_BINARY})")
         _install(server_version, folder, log)
     return _checked(binary, {"LD_LIBRARY_PATH": str(_link_libraries(folder))}, str(folder))
@@ -76,7 +80,7 @@ def _install(version: str, folder: Path, log) -> None:
     """Extract bin/perf_analyzer from the tritonclient wheel of `version` into `folder`."""
     major_minor = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
     if major_minor > LAST_WHEEL_WITH_BINARY:
-        raise KitError(f"tritonclient {version}'s wheel carries no perf_analyzer (the last that does is "
+        raise PerfAnalyzerMissing(f"tritonclient {version}'s wheel carries no perf_analyzer (the last that does is "
                        f"{'.'.join(map(str, LAST_WHEEL_WITH_BINARY))}): install NVIDIA's perf-analyzer package or "
                        f"use the NGC SDK image, then put perf_analyzer on PATH or set ${ENV_BINARY}")
     log(f"installing perf_analyzer {version} from the tritonclient {version} wheel into {folder}")
@@ -86,15 +90,15 @@ def _install(version: str, folder: Path, log) -> None:
         done = subprocess.run(pip, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("tritonclient-*.whl"))
         if done.returncode or not wheels:
-            raise KitError(f"could not download tritonclient=={version} to take perf_analyzer from: "
+            raise PerfAnalyzerMissing(f"could not download tritonclient=={version} to take perf_analyzer from: "
                            f"{(done.stderr or done.stdout).strip().splitlines()[-1:] or ['no wheel']} "
                            f"(on a box without a package index, copy a perf_analyzer {version} binary there and "
                            f"set ${ENV_BINARY})")
         with zipfile.ZipFile(wheels[0]) as z:
             member = next((n for n in z.namelist() if n.endswith("/bin/perf_analyzer")), None)
             if member is None:
-                raise KitError(f"{wheels[0].name} has no bin/perf_analyzer: set ${ENV_BINARY} to a perf_analyzer "
-                               f"{version} binary")
+                raise PerfAnalyzerMissing(f"{wheels[0].name} has no bin/perf_analyzer: set ${ENV_BINARY} to a "
+                                          f"perf_analyzer {version} binary")
             folder.mkdir(parents=True, exist_ok=True)
             partial = folder / ".perf_analyzer.partial"
             partial.write_bytes(z.read(member))
@@ -130,17 +134,17 @@ def _pytriton_libs() -> Path | None:
 def _checked(binary: Path, env: dict[str, str], source: str) -> PerfAnalyzer:
     """The binary runs: every library resolves and it reports its version."""
     if not binary.is_file() or not os.access(binary, os.X_OK):
-        raise KitError(f"perf_analyzer from {source}: {binary} is not an executable file")
+        raise PerfAnalyzerMissing(f"perf_analyzer from {source}: {binary} is not an executable file")
     pa = PerfAnalyzer(binary, "", env)
     missing = missing_libraries(pa)
     if missing:
-        raise KitError(f"perf_analyzer at {binary} (from {source}) cannot run: missing {', '.join(missing)} "
+        raise PerfAnalyzerMissing(f"perf_analyzer at {binary} (from {source}) cannot run: missing {', '.join(missing)} "
                        f"(install nvidia-pytriton, which bundles libb64 and libcudart, or put them on "
                        f"LD_LIBRARY_PATH)")
     done = subprocess.run(pa.command("--version"), capture_output=True, text=True, env=pa.environ(), timeout=30)
     m = re.search(r"Version\s+(\S+)", done.stdout + done.stderr)
     if not m:
-        raise KitError(f"perf_analyzer at {binary} (from {source}) did not report a version: "
+        raise PerfAnalyzerMissing(f"perf_analyzer at {binary} (from {source}) did not report a version: "
                        f"{(done.stderr or done.stdout).strip()[:200]}")
     return PerfAnalyzer(binary, m.group(1), env)
 

@@ -526,7 +526,7 @@ class ModelControl:
     def config(self, model: str) -> mc.ModelConfig:
         return self.cfg
 
-    def load(self, model: str, cfg: mc.ModelConfig) -> None:
+    def load(self, model: str, cfg: mc.ModelConfig, files: dict | None = None) -> None:
         self.loads += 1
         self.cfg = cfg
 

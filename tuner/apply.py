@@ -68,21 +68,61 @@ def mismatch(asked: mc.ModelConfig, reported: mc.ModelConfig) -> str | None:
     return f"Triton serves a different config: {', '.join(bad)}" if bad else None
 
 
-def load_verified(client: Client, model: str, asked: mc.ModelConfig, override: bool) -> None:
-    """Reload `model` (with `asked` passed through the API when `override`, else from its file) and
-    check what Triton reports. Raises TritonRequestError (refused) or ServerError (mismatch)."""
-    client.load(model, asked if override else None)
+def load_verified(client: Client, model: str, asked: mc.ModelConfig, override: bool,
+                  files: dict[str, bytes] | None = None) -> None:
+    """Reload `model` (with `asked` passed through the API when `override`, else from its file; with
+    `files`, the version folder sent along) and check what Triton reports. Raises
+    TritonRequestError (refused) or ServerError (mismatch)."""
+    client.load(model, asked if override else None, files)
     why = mismatch(asked, client.config(model))
     if why:
         raise ServerError(why)
 
 
-class LiveConfig:
-    """The config of one model of a live server, changed only through `apply` and `restore`."""
+class ConfigTarget(Protocol):
+    """Where a live config goes, and how it is put in force: the kit's repository (`Repository`),
+    or the repository API of a server the kit did not start (`tuner/remote.py`)."""
 
-    def __init__(self, server: LiveServer, spec: Spec, repo: Path, model: str,
-                 log: Callable[[str], None] = lambda s: None):
-        self.server, self.repo, self.model, self.log = server, Path(repo), model, log
+    served_name: str  # the model the load is sent to (a shadow copy has a name of its own)
+
+    def put(self, candidate: Spec) -> None:
+        """Serve `candidate`. The kit's rules refusing it raise InputError before anything changes;
+        Triton refusing it, or serving something else, raises TritonRequestError or ServerError."""
+
+    def put_back(self, good: Spec) -> None:
+        """Serve `good` again: it served before, so a refusal now is an error."""
+
+
+class Repository:
+    """The kit's own repository: the candidate is written by `configs.generate` (every rule
+    checked, atomic write, `.last-good` kept) and loaded from the file."""
+
+    def __init__(self, server: LiveServer, repo: Path, model: str):
+        self.server, self.repo, self.model = server, Path(repo), model
+        self.served_name = model
+
+    @property
+    def config_path(self) -> Path:
+        return self.repo / self.model / "config.pbtxt"
+
+    def put(self, candidate: Spec) -> None:
+        generate(candidate, self.repo, models=[self.model])
+        with self.server.r.client() as c:
+            load_verified(c, self.model, parse(self.config_path.read_text()), override=False)
+
+    def put_back(self, good: Spec) -> None:
+        generate(good, self.repo, models=[self.model])
+        self.server.r.load(self.model)
+
+
+class LiveConfig:
+    """The config of one model of a live server, changed only through `apply` and `restore`: the
+    one owner of what is in force and of the last-known-good config."""
+
+    def __init__(self, server: LiveServer, spec: Spec, repo: Path | None, model: str,
+                 log: Callable[[str], None] = lambda s: None, target: ConfigTarget | None = None):
+        self.server, self.model, self.log = server, model, log
+        self.target = target or Repository(server, repo, model)
         self.good: Spec = spec  # exactly what served last; the spec's own config to begin with
         self.current: Spec = spec
         # the knobs behind `good` and `current` where they came from `apply_knobs` (None: the spec's
@@ -93,17 +133,15 @@ class LiveConfig:
         self.max_restarts = 3
 
     @property
-    def config_path(self) -> Path:
-        return self.repo / self.model / "config.pbtxt"
+    def served_name(self) -> str:
+        return self.target.served_name
 
     def apply(self, candidate: Spec) -> str | None:
         """Make `candidate` the serving config. None when it serves as asked; otherwise why not
         (and the last-known-good config is serving again). The kit's own rules refusing it is an
         InputError, raised before anything is written."""
-        generate(candidate, self.repo, models=[self.model])
         try:
-            with self.server.r.client() as c:
-                load_verified(c, self.model, parse(self.config_path.read_text()), override=False)
+            self.target.put(candidate)
         except (TritonRequestError, ServerError) as e:
             alive = self.server.alive(grace_s=1.0)  # a refusal, or the server dying under the load call?
             if not alive:
@@ -129,12 +167,14 @@ class LiveConfig:
         self.good, self.good_knobs = self.current, self.current_knobs
 
     def restore(self, restart: bool = True) -> None:
-        """Write the last-known-good config back and serve it (restarting a dead server, if allowed)."""
-        generate(self.good, self.repo, models=[self.model])
+        """Serve the last-known-good config again (restarting a dead server, if allowed)."""
         self.current, self.current_knobs = self.good, self.good_knobs
         if self.server.alive():
-            self.server.r.load(self.model)
-        elif restart:
+            self.target.put_back(self.good)
+            return
+        if isinstance(self.target, Repository):
+            generate(self.good, self.target.repo, models=[self.model])  # what a restart will load
+        if restart:
             self.restarts += 1
             if self.restarts > self.max_restarts:
                 raise ServerError(f"tritonserver died more than {self.max_restarts} times during tuning; the "

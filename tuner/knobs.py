@@ -101,8 +101,9 @@ def powers_of_two(bound: int) -> list[int]:
     return sizes
 
 
-def neighbours(k: Knobs, bound: int) -> list[Knobs]:
-    """One step along each knob: batch x2 and /2, delay up or down the ladder, one instance more or less."""
+def neighbours(k: Knobs, bound: int, most_instances: int | None = None) -> list[Knobs]:
+    """One step along each knob: batch x2 and /2, delay up or down the ladder, one instance more or
+    less (at most `most_instances`, default this machine's cores)."""
     out = []
     if k.batching:
         for b in (k.max_batch * 2, k.max_batch // 2):
@@ -113,7 +114,7 @@ def neighbours(k: Knobs, bound: int) -> list[Knobs]:
             if 0 <= j < len(RULES.delays_us):
                 out.append(replace(k, delay_us=RULES.delays_us[j]))
     for n in (k.instances + 1, k.instances - 1):
-        if 1 <= n <= max_instances():
+        if 1 <= n <= (most_instances or max_instances()):
             out.append(replace(k, instances=n))
     return out
 

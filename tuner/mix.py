@@ -382,6 +382,9 @@ def tune_mix(spec: Spec, repo: Path, state_dir: Path, out_dir: Path, *, start: C
     t0 = time.perf_counter()
     log("traffic mix: " + ", ".join(f"{e.name} {e.rps:g} req/s (P95 <= {e.slo_ms:g} ms)" for e in entries))
     with mix_box(spec, repo, state_dir, entries, log) as box:
+        with box.r.client() as c:
+            about = {"url": box.r.endpoints.grpc, "started_by": "the kit's bundled server",
+                     "version": c.server_version(), "backend": "python"}
         search = MixSearch(box, entries, max_trials=max_trials, margin=margin, max_errors=max_errors, load=load,
                            rules=rules, log=log)
         tuning = search.run(start or start_configs(spec, entries))
@@ -395,7 +398,7 @@ def tune_mix(spec: Spec, repo: Path, state_dir: Path, out_dir: Path, *, start: C
         "runs": [r.to_json() for r in search.runs]}, indent=2, default=list).encode())
     if write_decision and tuning.confirmed:
         for model, k in tuning.best.items():
-            outputs.write_tuned(spec, model, k)
+            outputs.write_tuned(spec, model, k, about)
     return tuning, search.runs, seconds
 
 

@@ -117,8 +117,11 @@ class Tuning:
 
 class Search:
     def __init__(self, trials: Trials, objective: Objective, bound: int, max_trials: int,
-                 log: Callable[[str], None], traits: ServerTraits | None = None, rules: Rules = RULES):
+                 log: Callable[[str], None], traits: ServerTraits | None = None, rules: Rules = RULES,
+                 most_instances: int | None = None):
         self.t, self.obj, self.bound, self.max_trials, self.log = trials, objective, bound, max_trials, log
+        # instances per group at most: this machine's cores for the kit's own server
+        self.most_instances = most_instances or max_instances()
         self.traits = traits  # what `tritonkit probe` found the server does with a bounded queue
         self.rules = rules
         self.noise = Noise(rules=rules)
@@ -296,7 +299,7 @@ class Search:
     def ranked(self, cm: CostModel) -> list[tuple[float, Knobs]]:
         """Every (batch, instances) with the delay its expected rate fills, best predicted first."""
         out = []
-        for instances in range(1, max_instances() + 1):
+        for instances in range(1, self.most_instances + 1):
             for b in powers_of_two(self.bound) or [0]:  # 0: no batch axis
                 rate = self.obj.rps or cm.sustainable(max(b, 1), instances)
                 k = Knobs(b, on_ladder(delay_for(cm, b, rate, self.obj.slo_p95_ms, instances)), instances)
@@ -341,7 +344,7 @@ class Search:
         improved = True
         while improved:
             improved = False
-            for k in self._ordered(neighbours(incumbent.knobs, self.bound), cm):
+            for k in self._ordered(neighbours(incumbent.knobs, self.bound, self.most_instances), cm):
                 if k in tried:
                     continue
                 if self.stalls(k):  # never proposed: the probe found this server stalls on it

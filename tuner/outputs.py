@@ -41,9 +41,14 @@ def _score(s: Score) -> dict:
             "runs": [t.n for t in s.runs]}
 
 
-def log_json(model: str, tuning: Tuning, trials: list[Trial], seconds: float) -> dict:
+def describe_server(about: dict) -> str:
+    """One line naming the server a tune measured: its figures hold for that server only."""
+    return f"Triton {about['version']} at {about['url']} ({about['backend']}; {about['started_by']})"
+
+
+def log_json(model: str, tuning: Tuning, trials: list[Trial], seconds: float, about: dict) -> dict:
     return {
-        "schema": SCHEMA, "kind": "tuner/trials", "model": model,
+        "schema": SCHEMA, "kind": "tuner/trials", "model": model, "server": about,
         "objective": {"kind": tuning.objective.kind, "slo_p95_ms": tuning.objective.slo_p95_ms,
                       "margin": tuning.objective.margin, "target_p95_ms": round(tuning.objective.target_p95_ms, 3),
                       "rps": tuning.objective.rps, "max_error_ratio": tuning.objective.max_error_ratio},
@@ -59,9 +64,9 @@ def log_json(model: str, tuning: Tuning, trials: list[Trial], seconds: float) ->
     }
 
 
-def partial_log(model: str, trials: list[Trial]) -> dict:
+def partial_log(model: str, trials: list[Trial], about: dict) -> dict:
     """The trials of a run that was stopped before it chose anything."""
-    return {"schema": SCHEMA, "kind": "tuner/trials", "model": model, "interrupted": True,
+    return {"schema": SCHEMA, "kind": "tuner/trials", "model": model, "server": about, "interrupted": True,
             "trials": [t.to_json() for t in trials], "trial_count": len(trials)}
 
 
@@ -78,8 +83,9 @@ def write_log(out_dir: Path, log: dict) -> dict[str, Path]:
     return files
 
 
-def write_tuned(spec: Spec, model: str, k: Knobs) -> Path:
-    """Record the decision beside deploy.yaml, keeping other models' entries."""
+def write_tuned(spec: Spec, model: str, k: Knobs, about: dict) -> Path:
+    """Record the decision beside deploy.yaml, keeping other models' entries; the header names the
+    server the last decision was measured on."""
     path = spec.path.parent / TUNED_FILE
     data = yaml.safe_load(path.read_text()) if path.exists() else None
     data = data if isinstance(data, dict) and isinstance(data.get("models"), dict) else {"models": {}}
@@ -91,7 +97,9 @@ def write_tuned(spec: Spec, model: str, k: Knobs) -> Path:
     entry = {"max_batch_size": k.max_batch, "batching": batching, "instances": {"count": k.instances}}
     data["models"][model] = entry if k.batching else {"instances": entry["instances"]}
     header = ("# Written by `tritonkit tune`: these keys override deploy.yaml's for the models named here.\n"
-              "# `tritonkit configs` applies them. Delete a model's entry, or this file, to go back.\n")
+              "# `tritonkit configs` applies them. Delete a model's entry, or this file, to go back.\n"
+              f"# {model}: measured on {describe_server(about)}; a config tuned on one server, backend or\n"
+              "# device does not transfer to another (docs/tuning.md, \"Tuning the server you deploy\").\n")
     write_bytes_atomic(path, (header + yaml.safe_dump(data, sort_keys=False)).encode())
     return path
 
@@ -120,7 +128,8 @@ def plot_trials(path: Path, trials: list[Trial], tuning: Tuning) -> None:
     write_bytes_atomic(path, buf.getvalue())
 
 
-def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial], seconds: float) -> Path:
+def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial], seconds: float,
+                 about: dict) -> Path:
     plot_trials(Path(out_dir) / "trials.png", trials, tuning)
     b, w = tuning.baseline, tuning.best
 
@@ -132,6 +141,9 @@ def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial],
 
     cm = tuning.cost_model
     lines = [f"# Tuning {model}", "",
+             f"Server: {describe_server(about)}"
+             + (f", tuned as {about['tuned_as']}; instances {about['instances']}" if "tuned_as" in about else "")
+             + ". The figures below hold for this server, backend and device only.", "",
              f"Objective: {tuning.objective.describe()}.", "",
              "| | config | req/s | P95 ms | errors |", "| --- | --- | --- | --- | --- |",
              *([line("kept", w)] if tuning.kept else [line("before", b), line("after", w)]), "",

@@ -21,6 +21,9 @@ class Rules:
     saturation: float = 0.98  # a load this share of the full batches' capacity: no P95 to estimate
     # cores Triton's own threads and the load generator take: instances beyond the rest run no faster
     reserved_cores: float = 0.5
+    # instances per group tried on a server the kit did not start (`tune --url`): it does not say how
+    # many cores or GPUs it has, so the search is bounded here (edge boxes: 2 to 8 cores, one GPU)
+    remote_instances: int = 4
 
     # -- rates ---------------------------------------------------------------------------------
     rate_step: float = 1.15  # the rate ladder: the resolution of a throughput figure

@@ -16,8 +16,9 @@ from tritonkit.build_engines.plan import serving_max_batch
 from tritonkit.configs.generate import generate
 from tritonkit.loadtests.server_probe import probe_once
 from tritonkit.spec import Spec
-from tritonkit.tuner import outputs
-from tritonkit.tuner.knobs import from_spec
+from tritonkit.tuner import outputs, remote
+from tritonkit.tuner.apply import LiveConfig
+from tritonkit.tuner.knobs import Knobs, from_spec
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.offline import Objective, Search, Tuning
 from tritonkit.tuner.rules import RULES, Rules
@@ -67,23 +68,72 @@ def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: P
         trials = Trials(server, spec, repo, model, target_p95_ms=objective.target_p95_ms,
                         max_error_ratio=objective.max_error_ratio, window=window or TrialWindow(), log=log,
                         input_data=input_data)
+        with server.r.client() as c:
+            about = {"url": server.url, "started_by": "the kit's bundled server", "version": c.server_version(),
+                     "backend": remote.backend_of(c.config(model))}
         tuning = None
         try:
             search = Search(trials, objective, bound, max_trials, log, traits, rules)
-            tuning = search.run(from_spec(spec.model(model)))
-            search.speed_check(tuning)
+            tuning = _searched(search, from_spec(spec.model(model)))
         finally:
             # Whatever happened, the repository holds the pre-tuning config until the winner is chosen.
             generate(spec, repo, models=[model])
             server.close()
             if tuning is None:
                 log("tuning stopped: the pre-tuning config is back in the repository")
-                outputs.write_log(out_dir, outputs.partial_log(model, trials.trials))
-        seconds = time.perf_counter() - t0
-        files = outputs.write_log(out_dir, outputs.log_json(model, tuning, trials.trials, seconds))
-        files["report.md"] = outputs.write_report(out_dir, model, tuning, trials.trials, seconds)
+                outputs.write_log(out_dir, outputs.partial_log(model, trials.trials, about))
+        files = _write(spec, model, tuning, trials, out_dir, time.perf_counter() - t0, about, write_decision)
         if write_decision and tuning.confirmed:
-            files["tuned.yaml"] = outputs.write_tuned(spec, model, tuning.best.knobs)
             # what tuned.yaml now says, applied in memory: the decision and the repository agree
             generate(tuning.best.knobs.apply(spec, model), repo)
-    return TuneResult(tuning, trials, files, seconds)
+    return TuneResult(tuning, trials, files, time.perf_counter() - t0)
+
+
+def tune_remote(spec: Spec, model: str, url: str, out_dir: Path, *, headers: dict[str, str], key_env: str,
+                repo: Path | None, in_place: bool = False, p95_ms: float | None = None, rps: float | None = None,
+                max_trials: int = TuneSettings.max_trials, max_error_ratio: float = TuneSettings.max_errors,
+                max_batch: int | None = None, window: TrialWindow | None = None, margin: float = RULES.slo_margin,
+                input_data: Path | None = None, rules: Rules = RULES,
+                log: Callable[[str], None] = print) -> TuneResult:
+    """The same search against a server the kit did not start (`tuner/remote.py`): trials on a shadow
+    copy (or the model itself with `in_place`), the original config back and verified at the end.
+    `spec` is parsed and checked without its ONNX graphs, which need not be on this machine."""
+    objective = objective_for(spec, model, p95_ms, rps, max_error_ratio, margin)
+    t0 = time.perf_counter()
+    with remote.session(url, model, headers, key_env, repo, in_place, log) as (server, served):
+        start = remote.served_knobs(served.config)
+        bound, why = remote.batch_bound(spec, served, repo, max_batch)
+        log(f"  start: {start.label()} (as served); max batch at most {bound} ({why}); "
+            f"at most {rules.remote_instances} instances per group")
+        spec = start.apply(spec, model)  # what the search reads of the model: as served
+        live = LiveConfig(server, spec, repo, model, log, target=remote.ThroughApi(server, served))
+        trials = Trials(server, spec, repo, model, target_p95_ms=objective.target_p95_ms,
+                        max_error_ratio=objective.max_error_ratio, window=window or TrialWindow(), log=log,
+                        input_data=input_data, live=live)
+        about = served.describe()
+        tuning = None
+        try:
+            # no queue-stall probe: that needs a server of the kit's own; the report says so
+            search = Search(trials, objective, bound, max_trials, log, None, rules, rules.remote_instances)
+            tuning = _searched(search, start)
+        finally:
+            if tuning is None:
+                log("tuning stopped")
+                outputs.write_log(out_dir, outputs.partial_log(model, trials.trials, about))
+    files = _write(spec, model, tuning, trials, out_dir, time.perf_counter() - t0, about, True)
+    return TuneResult(tuning, trials, files, time.perf_counter() - t0)
+
+
+def _searched(search: Search, start: Knobs) -> Tuning:
+    tuning = search.run(start)
+    search.speed_check(tuning)
+    return tuning
+
+
+def _write(spec: Spec, model: str, tuning: Tuning, trials: Trials, out_dir: Path, seconds: float, about: dict,
+           write_decision: bool) -> dict[str, Path]:
+    files = outputs.write_log(out_dir, outputs.log_json(model, tuning, trials.trials, seconds, about))
+    files["report.md"] = outputs.write_report(out_dir, model, tuning, trials.trials, seconds, about)
+    if write_decision and tuning.confirmed:
+        files["tuned.yaml"] = outputs.write_tuned(spec, model, tuning.best.knobs, about)
+    return files

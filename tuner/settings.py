@@ -30,7 +30,9 @@ class TuneSettings:
     max_batch: int | None = None  # offline: the largest max batch to try
     margin: float = RULES.slo_margin  # offline: share of the SLO held back
     max_trial_s: float = 8.0  # offline: the longest steady window of one trial
-    engine: str = "asyncio"  # offline: the client that measures each trial (asyncio or perf_analyzer)
+    # offline: the client that measures each trial. perf_analyzer (C++) leaves the most of the cores a
+    # server shares with its client; the asyncio client marks its own trials generator-limited sooner
+    engine: str = "perf_analyzer"
     interval_s: float = 5.0  # online: seconds per observation window
     cooldown_s: float = 15.0  # online: seconds between two changes
     duration_s: float | None = None  # online: None runs until Ctrl-C

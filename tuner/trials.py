@@ -14,13 +14,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from tritonkit.errors import InputError, KitError
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, Outcome, RequestClass
 from tritonkit.loadtests.measure import send_cheapest
+from tritonkit.loadtests.pa_install import PerfAnalyzerMissing
 from tritonkit.loadtests.results import build_result
 from tritonkit.loadtests.stalls import without_stalls
 from tritonkit.serving import Running, running
@@ -103,6 +104,10 @@ class LocalServer:
                                                    ports=ports, log=self.log))
         return self.r
 
+    @property
+    def url(self) -> str:
+        return self.r.endpoints.grpc
+
     def alive(self, grace_s: float = 0.0) -> bool:
         return self.r is not None and self.r.server.alive(grace_s)
 
@@ -117,15 +122,20 @@ class LocalServer:
 
 
 class Trials:
-    def __init__(self, server: LocalServer, spec: Spec, repo: Path, model: str, *, target_p95_ms: float,
+    """`server` is the tuner's own (`LocalServer`) or one it reaches through the API
+    (`tuner.remote.RemoteServer`, with the `live` config that goes through it)."""
+
+    def __init__(self, server: LocalServer, spec: Spec, repo: Path | None, model: str, *, target_p95_ms: float,
                  max_error_ratio: float, window: TrialWindow, log: Callable[[str], None],
-                 input_data: Path | None = None):
+                 input_data: Path | None = None, live: LiveConfig | None = None):
         self.server, self.spec, self.repo, self.model = server, spec, repo, model
         self.input_data = input_data  # real request data the trials send, else the model's generated inputs
         # the P95 a trial must meet: the tuner's target, the SLO less its margin
         self.target_p95_ms, self.max_error_ratio, self.window, self.log = target_p95_ms, max_error_ratio, window, log
         self.trials: list[Trial] = []
-        self.live = LiveConfig(server, spec, repo, model, log)  # owns what is in force and what served last
+        # owns what is in force and what served last
+        self.live = live or LiveConfig(server, spec, repo, model, log)
+        self.served_name = self.live.served_name  # where the trials' load goes (a shadow copy's own name)
 
     # -- putting knobs in force -------------------------------------------------------------
 
@@ -152,7 +162,7 @@ class Trials:
                 # run_load reads Triton's statistics at the window's edges: the cost model's input too
                 classes = classes or [RequestClass()]
                 out, trial.engine = self._send(load, classes)
-                self._fill(trial, build_result(self.model, load, classes, out), out)
+                self._fill(trial, build_result(self.served_name, load, classes, out), out)
                 trial.batch_stats = (out.stats_before or {}, out.stats_after or {})
                 self.live.keep()
             except KitError as e:
@@ -171,10 +181,14 @@ class Trials:
         return trial
 
     def _send(self, load: Load, classes: list[RequestClass]) -> tuple[Outcome, str]:
-        url = self.server.r.endpoints.grpc
+        url, name = self.server.url, self.served_name
         if self.window.engine == "perf_analyzer":
-            return send_cheapest(url, self.model, load, classes, input_data=self.input_data)
-        return asyncio.run(run_load(url, self.model, load, classes, input_data=self.input_data)), "asyncio"
+            try:
+                return send_cheapest(url, name, load, classes, input_data=self.input_data)
+            except PerfAnalyzerMissing as e:  # e.g. a box without a package index, a server newer than the wheels
+                self.log(f"    perf_analyzer cannot run here ({e}); the asyncio client measures the trials")
+                self.window = replace(self.window, engine="asyncio")
+        return asyncio.run(run_load(url, name, load, classes, input_data=self.input_data)), "asyncio"
 
     def _fill(self, t: Trial, result: dict, out: Outcome) -> None:
         o = result["overall"]

@@ -1,0 +1,191 @@
+"""`tritonkit tune --url`: the offline search against a Triton the kit did not start, through its
+repository API. The server here is a real tritonserver the test starts (as `tritonkit serve` would
+in another shell); the tune runs as a user runs it, the real `tritonkit` command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+
+from tests.conftest import tritonkit, write_spec
+from tritonkit.clients import Client, TritonRequestError
+from tritonkit.configs.generate import generate
+from tritonkit.configs.loader import load_spec
+from tritonkit.server import _stub_env, find_install, free_port, prepare_backends
+from tritonkit.serving import running
+
+NAIVE = {"max_queue_delay_us": 0}  # the config a new user writes first: batch 16, no delay, one instance
+SPEC = {
+    "models": [
+        {"name": "remote_mlp", "onnx": "onnx/mlp.onnx", "max_batch_size": 16, "batching": NAIVE,
+         "slo": {"p95_ms": 25}},
+        {"name": "bystander", "onnx": "onnx/mlp.onnx", "max_batch_size": 8, "batching": NAIVE},
+        {"name": "not_served", "onnx": "onnx/mlp.onnx", "max_batch_size": 8, "slo": {"p95_ms": 25}},
+    ],
+    "server": {"http_port": 0, "grpc_port": 0, "metrics_port": 0},
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, onnx_dir):
+    """The user's server: two of the spec's three models loaded, the repository API behind a key."""
+    root = tmp_path_factory.mktemp("remote")
+    (root / "onnx").symlink_to(onnx_dir)
+    spec_path = write_spec(root, SPEC)
+    generate(load_spec(spec_path, root / "repo"), root / "repo")
+    with running(load_spec(spec_path), root / "repo", root / "state", models=["remote_mlp", "bystander"]) as r:
+        r.root, r.spec_path = root, spec_path
+        r.env = {"TRITONKIT_API_KEY": r.endpoints.key_value, "PYTHONUNBUFFERED": "1"}
+        yield r
+
+
+def served_config(r, model: str = "remote_mlp") -> dict:
+    with r.client() as c:
+        return json_format.MessageToDict(c.config(model), preserving_proto_field_name=True)
+
+
+def shadow_loaded(r) -> bool:
+    with r.client() as c:
+        return c.model_ready("remote_mlp__tune")
+
+
+def tune_args(r, *more: str, out: Path) -> list[str]:
+    return ["tune", "--url", r.endpoints.grpc, "--model", "remote_mlp", "--spec", str(r.spec_path),
+            "--repo", str(r.root / "repo"), "--out", str(out), *more]
+
+
+def test_flags_that_mean_nothing_in_a_mode_are_refused(tmp_path):
+    cases = [
+        (["tune", "--model", "m", "--dry-run"], "--dry-run"),  # online-only, offline on the kit's server
+        (["tune", "--model", "m", "--in-place"], "--in-place"),  # needs --url
+        (["tune", "--model", "m", "--online", "--max-trials", "9"], "--max-trials"),
+        (["tune", "--mix", "--url", "127.0.0.1:1"], "--url"),
+        (["tune", "--model", "m", "--url", "127.0.0.1:1", "--interval", "3"], "--interval"),
+    ]
+    for args, flag in cases:
+        r = tritonkit(*args, "--spec", str(tmp_path / "none.yaml"), timeout=60)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert flag in r.stderr and "means nothing" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_bad_servers_and_keys_exit_2_and_change_nothing(server, tmp_path):
+    before = served_config(server)
+    cases = [
+        ({}, ["--url", f"127.0.0.1:{free_port()}"], "no Triton answers"),
+        ({"TRITONKIT_API_KEY": "not-the-key"}, [], "refused the repository API's key"),
+        ({}, ["--model", "not_served"], "is not loaded"),
+        ({}, ["--repo", str(tmp_path)], "has no version folder"),
+    ]
+    for env, more, text in cases:
+        args = tune_args(server, out=tmp_path / "out")
+        for flag, value in zip(more[::2], more[1::2]):  # the case's flag replaces the default one
+            args[args.index(flag) + 1] = value
+        r = tritonkit(*args, env={**server.env, **env}, timeout=120)
+        assert r.returncode == 2, (more, r.stdout, r.stderr)
+        assert text in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert served_config(server) == before and not shadow_loaded(server)
+
+
+def test_a_server_without_explicit_model_control_is_refused(server, tmp_path):
+    """A real tritonserver in poll mode, on the same repository: the tune says how to start it."""
+    install = prepare_backends(find_install(), tmp_path / "state")
+    grpc, http = free_port(), free_port()
+    proc = subprocess.Popen(
+        [str(install.binary), f"--model-repository={server.root / 'repo'}", "--model-control-mode=poll",
+         f"--grpc-port={grpc}", f"--http-port={http}", "--allow-metrics=false",
+         f"--backend-directory={install.backend_dir}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_stub_env(install), start_new_session=True)
+    try:
+        with Client(f"127.0.0.1:{grpc}") as c:
+            deadline = time.monotonic() + 120
+            while not c.model_ready("remote_mlp") and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.2)
+            before = c.config("remote_mlp")
+            args = tune_args(server, out=tmp_path / "out")
+            args[args.index("--url") + 1] = f"127.0.0.1:{grpc}"
+            r = tritonkit(*args, env=server.env, timeout=120)
+            assert r.returncode == 2, r.stdout + r.stderr
+            assert "--model-control-mode=explicit" in r.stderr and "Traceback" not in r.stderr, r.stderr
+            assert c.config("remote_mlp") == before
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+
+
+class SteadyLoad:
+    """A model of the same server under a steady stream of requests while the tune runs."""
+
+    def __init__(self, url: str, model: str):
+        self.url, self.model = url, model
+        self.ok, self.failed = 0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with Client(self.url) as c:
+            inputs = c.metadata(self.model).random_inputs(1)
+            while not self._stop.is_set():
+                try:
+                    c.infer(self.model, inputs)
+                    self.ok += 1
+                except TritonRequestError as e:
+                    self.failed.append(str(e))
+                time.sleep(0.01)
+
+    def __enter__(self) -> SteadyLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def test_tune_runs_on_a_shadow_copy_and_leaves_live_traffic_alone(server, tmp_path):
+    before = served_config(server)
+    with server.client() as c:
+        live_before = c.statistics("remote_mlp")["inference_stats"]["success"]["count"]
+    with SteadyLoad(server.endpoints.grpc, "bystander") as load:
+        r = tritonkit(*tune_args(server, "--max-trials", "14", "--max-trial-s", "1", out=tmp_path / "out"),
+                      env=server.env, timeout=600)
+    assert r.returncode in (0, 1), r.stdout + r.stderr  # 1: nothing confirmed on a busy machine
+    assert "Traceback" not in r.stderr
+    assert "as shadow copy remote_mlp__tune" in r.stdout and "the original config is in force (verified)" in r.stdout
+    # the bystander served every request of the whole tune, and the tuned model got none of the trials'
+    assert load.ok > 100 and not load.failed, (load.ok, load.failed[:3])
+    with server.client() as c:
+        assert c.statistics("remote_mlp")["inference_stats"]["success"]["count"] == live_before
+    assert served_config(server) == before and not shadow_loaded(server)
+    log = (tmp_path / "out" / "trials.json").read_text()
+    assert '"tuned_as": "shadow copy remote_mlp__tune"' in log and '"backend": "python"' in log
+    assert "Server: Triton 2.51" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_ctrl_c_in_place_puts_the_original_config_back(server, tmp_path):
+    """Interrupted once its trials have changed the served model itself: the original is back."""
+    before = served_config(server)
+    exe = Path(sys.executable).parent / "tritonkit"
+    proc = subprocess.Popen([str(exe), *tune_args(server, "--in-place", out=tmp_path / "out")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **server.env})
+    seen = []
+    for line in proc.stdout:  # synchronised on the tune's own output: the second trial has run
+        seen.append(line)
+        if line.lstrip().startswith("trial   2"):
+            break
+    changed = served_config(server)
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(seen) + rest + err
+    assert changed != before  # the calibration's config was in force on the model itself
+    assert "the original config is in force (verified)" in rest, rest + err
+    assert served_config(server) == before
