@@ -24,7 +24,8 @@ help:
 	@echo "              Model Analyzer vs the spec judged by perf_analyzer, edge/cloud routing, into out/bench"
 	@echo "make tune      tune MODEL's config from measured P95 (trials, report, tuned.yaml) into out/tune"
 	@echo "make deploy    build engines (GPU), generate configs, helm upgrade --install into the current kube context"
-	@echo "              (DRY_RUN=1: only render and check the manifests, into out/deploy)"
+	@echo "              (DRY_RUN=1: only render and check the manifests, into out/deploy; TUNE=1: also run the chart's"
+	@echo "              tune Job on the node and write tuned.yaml; APPLY=1 with TUNE=1: then deploy the tuned configs)"
 	@echo "make engines   prepare, verify and plan each model; TensorRT engines where a GPU is present"
 	@echo "make gpu-check on an NVIDIA machine: build, verify and time the sample model's engine"
 	@echo "make wheelhouse  every wheel the base install needs, into $(WHEELHOUSE)/ (offline installs, the kit image)"
@@ -95,7 +96,7 @@ loadtest-ui: $(STAMP)
 
 # Values come from the deploy block of $(SPEC); the chart is helm/triton-edge.
 deploy: $(STAMP) $(SAMPLE)
-	$(BIN)/tritonkit deploy --spec $(SPEC) --repo $(REPO) $(if $(DRY_RUN),--dry-run --out out/deploy)
+	$(BIN)/tritonkit deploy --spec $(SPEC) --repo $(REPO) $(if $(DRY_RUN),--dry-run --out out/deploy) $(if $(TUNE),--tune)$(if $(APPLY), --apply)
 
 engines: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit build --spec $(SPEC) --out $(REPO)

@@ -11,6 +11,7 @@ import importlib.resources
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -237,10 +238,16 @@ def kubeconfig_path(explicit: Path | None) -> Path | None:
     raise _no_cluster("no kubeconfig (KUBECONFIG is unset and ~/.kube/config does not exist)")
 
 
+@dataclass(frozen=True)
+class Installed:
+    notes: str  # Helm's NOTES.txt
+    revision: int  # the release revision this install or upgrade made (the tune Job's name ends with it)
+
+
 def upgrade_install(values: dict, release: str, namespace: str, *, chart: Path | None = None,
                     kubeconfig: Path | None = None, kube_context: str | None = None, wait: bool = False,
-                    timeout_s: int = 600, log: Callable[[str], None] = print) -> str:
-    """`helm upgrade --install` into the current (or given) kube context. Returns Helm's notes."""
+                    timeout_s: int = 600, log: Callable[[str], None] = print) -> Installed:
+    """`helm upgrade --install` into the current (or given) kube context."""
     chart = chart or chart_dir()
     config = kubeconfig_path(kubeconfig)
     where = (f"context {kube_context or '(current)'} of {config}" if config else "the in-cluster service account")
@@ -276,7 +283,7 @@ def upgrade_install(values: dict, release: str, namespace: str, *, chart: Path |
     info = rel.get("info") or {}
     log(f"release {release} revision {rel.get('version', '?')} in namespace {namespace}: "
         f"{info.get('status', 'unknown')}")
-    return str(info.get("notes", "")).strip()
+    return Installed(str(info.get("notes", "")).strip(), int(rel.get("version") or 0))
 
 
 def _install_binary(binary, values, release, namespace, chart, config, kube_context, wait, timeout_s, where, log):
@@ -296,4 +303,6 @@ def _install_binary(binary, values, release, namespace, chart, config, kube_cont
             raise _unreachable(where, err)
         raise KitError(f"helm upgrade --install {release} failed: {err}")
     log(p.stdout.split("NOTES:")[0].strip())
-    return p.stdout.split("NOTES:", 1)[1].strip() if "NOTES:" in p.stdout else ""
+    notes = p.stdout.split("NOTES:", 1)[1].strip() if "NOTES:" in p.stdout else ""
+    revision = re.search(r"^REVISION: (\d+)", p.stdout, re.M)
+    return Installed(notes, int(revision[1]) if revision else 0)

@@ -2,11 +2,13 @@
 
 Build engines (where a GPU is), generate the NGC configs, package them into the chart's values (a
 ConfigMap in the cluster), render and check the manifests, then `helm upgrade --install`. With
-`dry_run` nothing touches a cluster: the manifests are written to a folder instead.
+`dry_run` nothing touches a cluster: the manifests are written to a folder instead. With `tune`
+the release also runs the chart's tune Job (helm/tune_job.py waits for it and reads it back).
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.resources
 import re
 from collections.abc import Callable
@@ -22,7 +24,8 @@ from tritonkit.configs.loader import resolve
 from tritonkit.configs.steps import build_then_configs
 from tritonkit.errors import InputError, KitError, Problem
 from tritonkit.helm import chart as helm_chart
-from tritonkit.spec import Spec
+from tritonkit.helm.tune_job import tune_problems
+from tritonkit.spec import TUNED_FILE, Spec, _apply_tuned
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}  # the spec's 0 (a free port) means nothing in a pod
 
@@ -33,6 +36,7 @@ class DeployResult:
     rendered: helm_chart.Rendered
     written: list[Path] = field(default_factory=list)
     notes: str = ""
+    revision: int = 0  # the release revision installed (0: a dry run)
 
 
 def build_engines(spec: Spec, repo: Path, log: Callable[[str], None]) -> None:
@@ -75,11 +79,15 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _spec_for_tuner(spec: Spec) -> str:
-    """The spec the tuner sidecar reads: models and server only. The deploy block can carry
-    anything (a fetch URL with credentials in deploy.values), so it never goes into a ConfigMap."""
-    raw = dict(spec.source or {})  # deploy.yaml as written, read once by the command's parse
+def _spec_for_tuner(spec: Spec, tuned: bool = False) -> str:
+    """The spec the tuner sidecar and the tune Job read: models and server only. The deploy block can
+    carry anything (a fetch URL with credentials in deploy.values), so it never goes into a ConfigMap.
+    With `tuned`, the local tuned.yaml is overlaid, so the tune Job starts from the configs the server
+    serves (the tuned.yaml it writes beside its copy then holds only what it tuned)."""
+    raw = copy.deepcopy(spec.source or {})  # deploy.yaml as written, read once by the command's parse
     raw.pop("deploy", None)
+    if tuned:
+        _apply_tuned(raw, spec.path.parent / TUNED_FILE)
     return yaml.safe_dump(raw, sort_keys=False)
 
 
@@ -103,8 +111,9 @@ def deploy_problems(spec: Spec) -> list[Problem]:
     return problems
 
 
-def chart_values(spec: Spec, repo: Path) -> dict:
-    """The chart values for this spec. Reads the generated config.pbtxt files from `repo`."""
+def chart_values(spec: Spec, repo: Path, tune: bool | None = None) -> dict:
+    """The chart values for this spec. Reads the generated config.pbtxt files from `repo`. `tune`
+    switches the tune Job on or off whatever deploy.values says (None: as deploy.values says)."""
     helm_chart.require_deploy_extra()  # before engines and configs are written
     problems = deploy_problems(spec)
     if problems:
@@ -156,15 +165,21 @@ def chart_values(spec: Spec, repo: Path) -> dict:
             "cpu": {"targetUtilization": d.autoscaling.target_cpu_percent},
         },
         "tuner": {"enabled": d.tuner, "models": names, "apiKeyEnv": s.restricted_key.value_env},
+        "tune": {"models": names},
         "locust": {"enabled": d.locust.enabled, "workers": d.locust.workers, "model": d.locust.model or names[0]},
     }
-    if d.tuner:
-        values["modelRepository"]["spec"] = _spec_for_tuner(spec)
     if d.locust.enabled:
         values["locust"]["locustfile"] = locustfile_text()
     if kit_image:
         values["kit"] = {"image": kit_image}
-    return _merge(values, d.values)
+    values = _merge(values, d.values)
+    tune_values = values["tune"] if isinstance(values.get("tune"), dict) else {}  # else the schema refuses it
+    if tune is not None:
+        values["tune"] = tune_values = {**tune_values, "enabled": tune}
+    tune_on = tune_values.get("enabled") is True
+    if (d.tuner or tune_on) and not values["modelRepository"].get("spec"):
+        values["modelRepository"]["spec"] = _spec_for_tuner(spec, tuned=tune_on)
+    return values
 
 
 def _rejected(spec: Spec, e: helm_chart.ValuesRejected) -> KitError:
@@ -175,11 +190,13 @@ def _rejected(spec: Spec, e: helm_chart.ValuesRejected) -> KitError:
 
 def deploy(spec: Spec, repo: Path, *, dry_run: bool = False, out: Path | None = None,
            chart: Path | None = None, kubeconfig: Path | None = None, kube_context: str | None = None,
-           wait: bool = False, timeout_s: int = 600, log: Callable[[str], None] = print) -> DeployResult:
+           wait: bool = False, timeout_s: int = 600, log: Callable[[str], None] = print,
+           tune: bool | None = None) -> DeployResult:
     """`spec` is parsed and checked without its ONNX graphs (configs.loader, check_onnx=False):
-    the graphs are checked after the build, against what it prepared."""
+    the graphs are checked after the build, against what it prepared. `tune`: the tune Job on
+    (True) or off (False) in this release, whatever deploy.values says."""
     helm_chart.require_deploy_extra()  # before engines and configs are written
-    problems = deploy_problems(spec)
+    problems = deploy_problems(spec) + (tune_problems(spec) if tune else [])
     if problems:
         raise InputError(problems)
     d = spec.data.deploy
@@ -193,7 +210,7 @@ def deploy(spec: Spec, repo: Path, *, dry_run: bool = False, out: Path | None = 
     served = resolve(spec, repo)
     for r in generate(served, repo, target="ngc"):
         log(f"configs: {r.config_path} ({r.runtime}{', updated' if r.changed else ''})")
-    values = chart_values(spec, repo)
+    values = chart_values(spec, repo, tune=tune)
     try:
         rendered = helm_chart.render(values, d.release, d.namespace, chart)
     except helm_chart.ValuesRejected as e:
@@ -214,9 +231,10 @@ def deploy(spec: Spec, repo: Path, *, dry_run: bool = False, out: Path | None = 
         result.notes = rendered.notes
         return result
     try:
-        result.notes = helm_chart.upgrade_install(values, d.release, d.namespace, chart=chart,
-                                                  kubeconfig=kubeconfig, kube_context=kube_context,
-                                                  wait=wait, timeout_s=timeout_s, log=log)
+        installed = helm_chart.upgrade_install(values, d.release, d.namespace, chart=chart,
+                                               kubeconfig=kubeconfig, kube_context=kube_context,
+                                               wait=wait, timeout_s=timeout_s, log=log)
     except helm_chart.ValuesRejected as e:
         raise _rejected(spec, e) from None
+    result.notes, result.revision = installed.notes, installed.revision
     return result

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -25,8 +26,10 @@ import yaml
 
 from tests.conftest import REPO_ROOT, tritonkit, write_spec
 from tritonkit.configs.loader import load_spec
+from tritonkit.errors import KitError
 from tritonkit.helm import chart as helm_chart
 from tritonkit.helm import deploy as kit_deploy
+from tritonkit.helm import tune_job as tune_jobs
 
 CHART = REPO_ROOT / "helm" / "triton-edge"
 KUBE_VERSIONS = ("1.28", ".".join(kv.latest_version().split(".")[:2]))
@@ -62,6 +65,12 @@ MATRIX = {
                                                        "sha256": SHA}}},
     "fetch-secret-url": {"engines": {"source": "fetch", "fetch": {"urlSecret": {"name": "engine-url"}}}},
     "tuner": {"tuner": {"enabled": True}},
+    # The tune Job, once per engine source (the Job gets the files the way the server pod does).
+    "tune": {"tune": {"enabled": True}, "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                                          "effect": "NoSchedule"}]},
+    "pvc-tune": {"tune": {"enabled": True}, "engines": {"source": "pvc", "pvc": {"storageClass": "local-path"}}},
+    "fetch-tune": {"tune": {"enabled": True}, "networkPolicy": {"allowExternal": False},
+                   "engines": {"source": "fetch", "fetch": {"url": "https://models.example/e.tar.gz", "sha256": SHA}}},
     "locust": {"locust": {"enabled": True, "workers": 3}},
     "hpa-queue": {"autoscaling": {"enabled": True, "maxReplicas": 4}},
     "hpa-cpu": {"autoscaling": {"enabled": True, "metric": "cpu"}},
@@ -93,7 +102,7 @@ def kit(tmp_path_factory, onnx_dir):
 
 def case_values(kit, name: str) -> dict:
     over = MATRIX[name]
-    if over.get("tuner", {}).get("enabled"):  # what `tritonkit deploy` adds when deploy.tuner is on
+    if over.get("tuner", {}).get("enabled") or over.get("tune", {}).get("enabled"):  # as `tritonkit deploy` adds it
         over = merged(over, {"modelRepository": {"spec": kit[2]}})
     if over.get("locust", {}).get("enabled"):
         over = merged(over, {"locust": {"locustfile": kit_deploy.locustfile_text()}})
@@ -164,7 +173,7 @@ def policy_problems(docs: list[dict]) -> list[str]:
     for d in docs:
         where = f"{d['kind']}/{d['metadata']['name']}"
         bad += [f"{where}: retired API {d['apiVersion']}"] if d["apiVersion"] in RETIRED_APIS else []
-        if d["kind"] != "Deployment":
+        if d["kind"] not in ("Deployment", "Job"):
             continue
         pod = d["spec"]["template"]["spec"]
         psc = pod.get("securityContext", {})
@@ -199,7 +208,7 @@ def policy_problems(docs: list[dict]) -> list[str]:
             for e in c.get("env", []):
                 if SECRETISH.search(e["name"]) and "value" in e:
                     bad.append(f"{at}: env {e['name']} has a literal value; it must come from a Secret")
-        for c in pod["containers"]:  # init containers cannot have probes
+        for c in pod["containers"] if d["kind"] == "Deployment" else []:  # init containers and Jobs: no probes
             if not c.get("readinessProbe") or not c.get("livenessProbe"):
                 bad.append(f"{where} container {c['name']}: needs readiness and liveness probes")
     return bad
@@ -328,10 +337,11 @@ def test_services_and_network_policy(case):
     assert rules[("metrics",)]["from"] == [{"namespaceSelector": {"matchLabels": {
         "kubernetes.io/metadata.name": "monitoring"}}}]
     inference = rules[("grpc", "http")]
-    if name == "everything":  # allowExternal off: labelled clients and the Locust pods only
-        assert {"edge-triton-edge-client"} <= {k for f in inference["from"] for k in f["podSelector"]["matchLabels"]}
-        assert any(f["podSelector"]["matchLabels"].get("app.kubernetes.io/component") == "locust"
-                   for f in inference["from"])
+    if name in ("everything", "fetch-tune"):  # allowExternal off: labelled clients, and Locust or the tune Job
+        peers = [f["podSelector"]["matchLabels"] for f in inference["from"]]
+        assert {"edge-triton-edge-client"} <= {k for f in peers for k in f}
+        components = {f.get("app.kubernetes.io/component") for f in peers} - {None}
+        assert components == ({"locust"} if name == "everything" else {"tune"})
     else:
         assert "from" not in inference
     assert policy["policyTypes"] == ["Ingress", "Egress"]
@@ -430,6 +440,276 @@ def test_service_monitor(kit):
     assert sm["spec"]["namespaceSelector"] == {"matchNames": ["inference"]}
 
 
+# -- the tune Job --------------------------------------------------------------------------------
+
+TUNE_CASES = ("tune", "pvc-tune", "fetch-tune")
+
+
+def tune_job(docs: list[dict]) -> dict:
+    return one(docs, "Job", "edge-triton-edge-tune-1")  # the release revision ends the name: 1 on install
+
+
+def test_tune_job(case):
+    name, values, docs = case
+    if name not in TUNE_CASES:
+        assert kinds(docs, "Job") == [] and "edge-triton-edge-tune" not in {
+            d["metadata"]["name"] for d in kinds(docs, "NetworkPolicy")}
+        return
+    job = tune_job(docs)
+    assert "helm.sh/hook" not in job["metadata"].get("annotations", {})  # a plain Job: `helm install` creates it
+    assert (job["spec"]["backoffLimit"], job["spec"]["activeDeadlineSeconds"],
+            job["spec"]["ttlSecondsAfterFinished"]) == (0, 1800, 3600)
+    assert policy_problems([job]) == []  # restricted: non-root, seccomp, no caps, read-only root, no token
+    pod = job["spec"]["template"]["spec"]
+    server = triton(docs)["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    # On the server's node: required pod affinity to exactly the server pods' selector.
+    (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term == {"labelSelector": {"matchLabels": triton(docs)["spec"]["selector"]["matchLabels"]},
+                    "topologyKey": "kubernetes.io/hostname"}
+    assert pod.get("tolerations") == server.get("tolerations")  # it must fit on the server's (tainted) node
+    # The model files as the server gets them: the same volume, the same fetch init container.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["engines"] == next(v for v in server["volumes"] if v["name"] == "engines")
+    inits = [c["name"] for c in pod["initContainers"]]
+    if name == "fetch-tune":
+        assert inits == ["fetch-engines", "wait-for-triton"]
+        assert pod["initContainers"][0] == next(c for c in server["initContainers"] if c["name"] == "fetch-engines")
+        assert volumes["fetch-script"] == next(v for v in server["volumes"] if v["name"] == "fetch-script")
+    else:
+        assert inits == ["wait-for-triton"]
+    if name == "pvc-tune":
+        assert volumes["engines"]["persistentVolumeClaim"] == {"claimName": "edge-triton-edge-engines",
+                                                                "readOnly": True}
+    wait = {e["name"]: e["value"] for e in pod["initContainers"][-1]["env"]}
+    assert wait == {"READY_URL": "http://edge-triton-edge:8000/v2/health/ready", "WAIT_SECONDS": "600"}
+    assert "/v2/health/ready" not in pod["initContainers"][-1]["args"][0]  # the URL comes from the env
+    (tune,) = pod["containers"]
+    assert tune["image"] == "triton-edge-kit:0.1.0" and tune["command"][:2] == ["sh", "-c"]
+    assert tune["args"] == ["--url", "edge-triton-edge:9001", "--repo", "/models", "--key-env", "TRITONKIT_API_KEY"]
+    env = {e["name"]: e for e in tune["env"]}
+    assert env["TUNE_MODELS"]["value"] == "mlp seq_mean"
+    # The repository key from the release's Secret, never a literal.
+    assert env["TRITONKIT_API_KEY"] == {"name": "TRITONKIT_API_KEY", "valueFrom": {"secretKeyRef": {
+        "name": one(docs, "Secret")["metadata"]["name"], "key": "api-key"}}}
+    mounts = {m["mountPath"]: m for m in tune["volumeMounts"]}
+    for model in ("mlp", "seq_mean"):  # --repo /models as the server has it: configs and version folders
+        assert mounts[f"/models/{model}/1"] == {"name": "engines", "mountPath": f"/models/{model}/1",
+                                                "subPath": f"{model}/1", "readOnly": True}
+        assert mounts[f"/models/{model}/config.pbtxt"] == next(
+            m for m in container(triton(docs), "triton")["volumeMounts"] if m["mountPath"].endswith(
+                f"/{model}/config.pbtxt"))
+    for path in ("/tmp", "/work", "/models"):  # writable only where an emptyDir is
+        assert "emptyDir" in volumes[mounts[path]["name"]], path
+    assert volumes[mounts["/etc/tritonkit"]["name"]]["configMap"] == {
+        "name": "edge-triton-edge-model-configs", "items": [{"key": "deploy.yaml", "path": "deploy.yaml"}]}
+    shipped = yaml.safe_load(one(docs, "ConfigMap", "edge-triton-edge-model-configs")["data"]["deploy.yaml"])
+    assert [m["name"] for m in shipped["models"]] == ["mlp", "seq_mean"] and "deploy" not in shipped
+
+
+def test_tune_network_policy(case):
+    name, _, docs = case
+    if name not in TUNE_CASES:
+        return
+    policy = one(docs, "NetworkPolicy", "edge-triton-edge-tune")["spec"]
+    pod_labels = tune_job(docs)["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "tune"
+    assert policy["policyTypes"] == ["Ingress", "Egress"] and not policy.get("ingress")  # no ingress at all
+    server = triton(docs)["spec"]["selector"]["matchLabels"]
+    rules = policy["egress"]
+    dns, to_server, *rest = rules
+    assert dns == {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+    assert to_server == {"to": [{"podSelector": {"matchLabels": server}}],
+                         "ports": [{"port": 8000, "protocol": "TCP"}, {"port": 9001, "protocol": "TCP"}]}
+    # Only the fetch init container goes further, to the archive's HTTPS (as the server pod's does).
+    assert rest == ([{"ports": [{"port": 443, "protocol": "TCP"}, {"port": 80, "protocol": "TCP"}]}]
+                    if name == "fetch-tune" else [])
+    # The server's own policy admits the Job's pods on HTTP and gRPC even when it admits few others.
+    triton_policy = one(docs, "NetworkPolicy", "edge-triton-edge")["spec"]
+    inference = next(r for r in triton_policy["ingress"] if {p["port"] for p in r["ports"]} == {"http", "grpc"})
+    assert "from" not in inference or any(
+        f.get("podSelector", {}).get("matchLabels", {}).items() <= pod_labels.items() for f in inference["from"])
+    assert name != "fetch-tune" or "from" in inference  # allowExternal is off there
+
+
+def test_tune_models_in_place_and_extra_args(kit):
+    values = merged(case_values(kit, "tune"), {"tune": {"models": ["seq_mean"], "inPlace": True,
+                                                        "extraArgs": ["--max-trials", "12"]}})
+    tune = tune_job(render(values))["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e.get("value") for e in tune["env"]}["TUNE_MODELS"] == "seq_mean"
+    assert tune["args"][-3:] == ["--in-place", "--max-trials", "12"]
+    # Empty tune.models and models: every model in the repository, like the tuner sidecars.
+    values = merged(case_values(kit, "tune"), {"tune": {"models": []}})
+    values["models"] = []
+    tune = tune_job(render(values))["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e.get("value") for e in tune["env"]}["TUNE_MODELS"] == "mlp seq_mean"
+    assert "--in-place" not in tune["args"]
+
+
+@pytest.mark.parametrize("revision, fullname", [(1, ""), (7, ""), (12, "x" * 63)])
+def test_tune_job_name_follows_the_revision(kit, revision, fullname):
+    values = merged(case_values(kit, "tune"), {"fullnameOverride": fullname})
+    with helm.Chart.load(CHART) as c:
+        out = c.render(values, name="edge", namespace="inference", revision=revision, is_upgrade=revision > 1)
+    (job,) = [d for d in yaml.safe_load_all(out["triton-edge/templates/tune/job.yaml"]) if d]
+    name = job["metadata"]["name"]
+    assert name == tune_jobs.job_name(fullname or "edge-triton-edge", revision)
+    assert name.endswith(f"-tune-{revision}") and len(name) <= 63
+    notes = next(text for source, text in out.items() if source.endswith("NOTES.txt"))
+    assert f"job/{name}" in notes
+
+
+def _fake_tritonkit(bin_dir: Path) -> Path:
+    """A `tritonkit` that records its argv and, as `tritonkit tune` does, writes tuned.yaml beside
+    --spec on success (keeping other models' entries); FAIL_<model>=N makes it exit N instead."""
+    bin_dir.mkdir()
+    exe = bin_dir / "tritonkit"
+    exe.write_text(f"""#!{sys.executable}
+import json, os, sys, pathlib, yaml
+argv = sys.argv[1:]
+with open(os.environ["CALLS"], "a") as f:
+    f.write(json.dumps(argv) + "\\n")
+model = argv[argv.index("--model") + 1]
+print(f"tuning {{model}} ...")
+if os.environ.get(f"FAIL_{{model}}"):
+    sys.exit(int(os.environ[f"FAIL_{{model}}"]))
+tuned = pathlib.Path(argv[argv.index("--spec") + 1]).parent / "tuned.yaml"
+data = yaml.safe_load(tuned.read_text()) if tuned.exists() else {{"models": {{}}}}
+data["models"][model] = {{"max_batch_size": 4, "instances": {{"count": 2}}}}
+tuned.write_text("# Written by `tritonkit tune`\\n" + yaml.safe_dump(data))
+""")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_tune_job_script_runs_each_model_and_prints_tuned_yaml(kit, tmp_path):
+    """The Job's own shell script, run with a stand-in `tritonkit`: it runs exactly the commands
+    `deploy --tune --dry-run` prints, one model after another, and marks what deploy reads back."""
+    docs = _rendered.get("tune") or render(case_values(kit, "tune"))
+    tune = tune_job(docs)["spec"]["template"]["spec"]["containers"][0]
+    _fake_tritonkit(tmp_path / "bin")
+    (tmp_path / "configmap").mkdir()
+    (tmp_path / "configmap" / "deploy.yaml").write_text(kit[2])
+    env = {e["name"]: e["value"] for e in tune["env"] if "value" in e}
+    env.update(TUNE_SPEC=str(tmp_path / "configmap" / "deploy.yaml"), TUNE_WORK=str(tmp_path / "work"),
+               CALLS=str(tmp_path / "calls.jsonl"), PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+               FAIL_seq_mean="1")
+    p = subprocess.run([*tune["command"], *tune["args"]], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stdout + p.stderr  # the worst model's exit: seq_mean met no SLO
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    work = tmp_path / "work"
+    rendered = helm_chart.Rendered([helm_chart.Manifest("x", d) for d in docs], "", "")
+    planned = [[a.replace("/work", str(work)) for a in cmd[1:]] for cmd in tune_jobs.plan(rendered).commands]
+    assert calls == planned
+    assert calls[0][:2] == ["tune", "--model"] and calls[0][2] == "mlp" and calls[1][2] == "seq_mean"
+    assert "--- tuned.yaml mlp ---" in p.stdout and "--- tune failed seq_mean: exit 1 ---" in p.stdout
+    got = tune_jobs.read_log(p.stdout)
+    assert got.tuned == {"mlp": {"max_batch_size": 4, "instances": {"count": 2}}} and got.failed == {"seq_mean": 1}
+    assert (tmp_path / "configmap" / "deploy.yaml").read_text() == kit[2]  # the copy was written, not the mount
+
+
+LOG = """\
+tune: tritonkit tune --model mlp --spec /work/spec/deploy.yaml --out /work/out/mlp --url edge-triton-edge:9001
+kept: batch 8 delay 1000 us x1
+--- tuned.yaml mlp ---
+# Written by `tritonkit tune`: these keys override deploy.yaml's for the models named here.
+models:
+  mlp:
+    max_batch_size: 8
+    batching: {preferred_batch_sizes: [4], max_queue_delay_us: 500}
+    instances: {count: 1}
+
+--- end tuned.yaml ---
+tune: tritonkit tune --model seq_mean --spec /work/spec/deploy.yaml --out /work/out/seq_mean
+--- tuned.yaml seq_mean ---
+models:
+  mlp:
+    max_batch_size: 8
+    batching: {preferred_batch_sizes: [4], max_queue_delay_us: 500}
+    instances: {count: 1}
+  seq_mean:
+    instances: {count: 2}
+--- end tuned.yaml ---
+"""
+
+
+def test_tuned_yaml_read_back_from_the_log():
+    got = tune_jobs.read_log(LOG)
+    assert got.tuned == {"mlp": {"max_batch_size": 8, "instances": {"count": 1},
+                                 "batching": {"preferred_batch_sizes": [4], "max_queue_delay_us": 500}},
+                         "seq_mean": {"instances": {"count": 2}}}
+    assert got.failed == {}
+    with pytest.raises(KitError, match=r"no `--- tuned.yaml <model> ---` block"):
+        tune_jobs.read_log("Triton not ready at http://edge-triton-edge:8000/v2/health/ready after 600 s\n")
+    with pytest.raises(KitError, match="stops inside the tuned.yaml block of seq_mean"):
+        tune_jobs.read_log(LOG.removesuffix("--- end tuned.yaml ---\n"))
+    with pytest.raises(KitError, match="has no entry for seq_mean"):
+        tune_jobs.read_log(LOG.replace("  seq_mean:\n    instances", "  other:\n    instances"))
+
+
+def _fake_kubectl(bin_dir: Path, log: str, failed_reason: str = "") -> Path:
+    """A `kubectl` that answers wait (complete, or timed out when the Job failed), get and logs."""
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "job.log").write_text(log)
+    exe = bin_dir / "kubectl"
+    exe.write_text(f"""#!{sys.executable}
+import json, os, sys
+with open(os.path.join(os.path.dirname(__file__), "calls.jsonl"), "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+verb = next(a for a in sys.argv[1:] if a in ("wait", "get", "logs"))
+if verb == "wait":
+    sys.exit(0) if not {failed_reason!r} else sys.exit("error: timed out waiting for the condition on jobs/x")
+if verb == "get":
+    print({failed_reason!r}, end="")
+if verb == "logs":
+    print(open(os.path.join(os.path.dirname(__file__), "job.log")).read(), end="")
+""")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_deploy_tune_waits_reads_the_log_and_merges_tuned_yaml(workdir):
+    spec_path = write_spec(workdir, SPEC)
+    (workdir / "tuned.yaml").write_text(yaml.safe_dump({"models": {"seq_mean": {"max_batch_size": 4}}}))
+    spec = load_spec(spec_path, check_onnx=False)
+    exe = _fake_kubectl(workdir / "bin", LOG.split("tune: tritonkit tune --model seq_mean")[0])
+    kubectl = tune_jobs.Kubectl(str(exe), "inference", workdir / "kubeconfig", "edge")
+    lines: list[str] = []
+    outcome = tune_jobs.run_job(spec, kubectl, "edge-triton-edge-tune-3", 60, log=lines.append)
+    assert outcome.failure is None and outcome.tuned_path == workdir / "tuned.yaml"
+    calls = [json.loads(line) for line in (workdir / "bin" / "calls.jsonl").read_text().splitlines()]
+    assert calls[0][:6] == ["--namespace", "inference", "--kubeconfig", str(workdir / "kubeconfig"),
+                            "--context", "edge"]
+    assert calls[0][6:9] == ["wait", "--for=condition=complete", "job/edge-triton-edge-tune-3"]
+    assert calls[-1][6:] == ["logs", "job/edge-triton-edge-tune-3", "-c", "tune"]
+    # mlp from the Job, seq_mean's earlier entry kept; the spec reads it back as its overlay.
+    tuned = yaml.safe_load((workdir / "tuned.yaml").read_text())["models"]
+    assert tuned["seq_mean"] == {"max_batch_size": 4} and tuned["mlp"]["batching"]["max_queue_delay_us"] == 500
+    reread = load_spec(spec_path, check_onnx=False)
+    assert reread.model("mlp").batching.max_queue_delay_us == 500 and reread.model("seq_mean").max_batch_size == 4
+
+    # A failed Job with nothing tuned: one clear error, tuned.yaml untouched.
+    before = (workdir / "tuned.yaml").read_bytes()
+    exe = _fake_kubectl(workdir / "bin2", "--- tune failed mlp: exit 1 ---\n", failed_reason="BackoffLimitExceeded")
+    with pytest.raises(KitError, match="tuned no model"):
+        tune_jobs.run_job(spec, tune_jobs.Kubectl(str(exe), "inference"), "edge-triton-edge-tune-4", 60,
+                          log=lines.append)
+    assert (workdir / "tuned.yaml").read_bytes() == before
+    assert any("mlp: `tritonkit tune` exited 1 (nothing met the SLO" in line for line in lines)
+
+
+def test_tune_job_starts_from_the_served_configs(workdir):
+    """The spec shipped to the Job carries the local tuned.yaml, so the Job tunes what is served."""
+    spec_path = write_spec(workdir, SPEC)
+    (workdir / "tuned.yaml").write_text(yaml.safe_dump({"models": {"mlp": {"max_batch_size": 4}}}))
+    spec = load_spec(spec_path, check_onnx=False)
+    as_written = yaml.safe_load(kit_deploy._spec_for_tuner(spec))
+    served = yaml.safe_load(kit_deploy._spec_for_tuner(spec, tuned=True))
+    assert as_written["models"][0]["max_batch_size"] == 8 and served["models"][0]["max_batch_size"] == 4
+    assert "deploy" not in served
+
+
 # -- values the chart refuses -------------------------------------------------------------------
 
 @pytest.mark.parametrize("values, says", [
@@ -445,6 +725,16 @@ def test_service_monitor(kit):
     ({"tuner": {"enabled": True, "models": ["seq_mean", "Seq.mean"]},
       "modelRepository": {"spec": "models: []", "configs": {"Seq.mean": 'name: "Seq.mean"'}}},
      "both map to the container name"),
+    ({"tune": {"inPlace": "yes"}}, "/tune/inPlace"),
+    ({"tune": {"backoffLimit": -1}}, "/tune/backoffLimit"),
+    ({"tune": {"activeDeadlineSeconds": None}}, "activeDeadlineSeconds"),  # Helm drops a null: required
+    ({"tune": {"retries": 1}}, "retries"),
+    ({"tune": {"enabled": True}, "modelRepository": {"spec": ""}}, "modelRepository.spec"),
+    ({"tune": {"enabled": True, "models": ["nope"]}, "modelRepository": {"spec": "models: []"}},
+     'tune.models lists "nope"'),
+    ({"tune": {"enabled": True}, "replicaCount": 2, "modelRepository": {"spec": "models: []"}}, "one Triton pod"),
+    ({"tune": {"enabled": True}, "autoscaling": {"enabled": True}, "modelRepository": {"spec": "models: []"}},
+     "one Triton pod"),
 ])
 def test_chart_refuses_bad_values(kit, values, says):
     with pytest.raises((helm.HelmValuesError, helm.HelmRenderError), match=re.escape(says)):
@@ -647,3 +937,80 @@ def test_deploy_renders_through_the_library_without_a_helm_binary(kit):
     assert rendered.engine.startswith("helm-python-sdk")
     assert helm_chart.validate(rendered) == []
     assert "edge-triton-edge" in rendered.notes
+
+
+# -- tritonkit deploy --tune ----------------------------------------------------------------------
+
+def _without_kubectl() -> dict:
+    """PATH with the venv's scripts and nothing else, so no kubectl (nor helm binary) is found."""
+    return {"PATH": str(Path(sys.executable).parent)}
+
+
+def test_deploy_tune_dry_run_renders_and_shows_the_job(default_spec):
+    root = default_spec
+    p = tritonkit("deploy", "--tune", "--dry-run", "--out", "out/tune", cwd=root, env=_without_kubectl())
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert "tune: would run job/triton-edge-tune-1 in namespace triton" in p.stdout  # the default release
+    assert ("  tritonkit tune --model edge_mlp --spec /work/spec/deploy.yaml --out /work/out/edge_mlp "
+            "--url triton-edge:8001 --repo /models --key-env TRITONKIT_API_KEY") in lines
+    assert f"write {root.resolve() / 'tuned.yaml'}" in p.stdout and "add --apply" in p.stdout
+    # The command keeps `tritonkit tune`'s contract: it parses, remote mode, the key's variable named.
+    from tritonkit.cli import build_parser
+
+    shown = next(line for line in lines if line.startswith("  tritonkit tune")).split()[1:]
+    parsed = build_parser().parse_args(shown)
+    assert (parsed.url, parsed.model, parsed.key_env, parsed.in_place) == (
+        "triton-edge:8001", "edge_mlp", "TRITONKIT_API_KEY", False)
+    assert not (root / "tuned.yaml").exists()  # a dry run writes no decision
+    docs = _deploy_files(root / "out" / "tune")
+    job = one(docs, "Job", "triton-edge-tune-1")
+    assert schema_problems(docs) == [] and policy_problems(docs) == []
+    assert one(docs, "NetworkPolicy", "triton-edge-tune")["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    spec = yaml.safe_load(one(docs, "ConfigMap", "triton-edge-model-configs")["data"]["deploy.yaml"])
+    assert [m["name"] for m in spec["models"]] == ["edge_mlp"] and "deploy" not in spec
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][:2] == ["--url", "triton-edge:8001"]
+
+    p = tritonkit("deploy", "--tune", "--apply", "--dry-run", "--out", "out/tune", cwd=root, env=_without_kubectl())
+    assert p.returncode == 0, p.stderr
+    assert "--apply would then upgrade the release with the tuned configs and tune.enabled false" in p.stdout
+
+    # Without --tune, no Job (and no kubectl needed either).
+    p = tritonkit("deploy", "--dry-run", "--out", "out/plain", cwd=root, env=_without_kubectl())
+    assert p.returncode == 0, p.stderr
+    assert kinds(_deploy_files(root / "out" / "plain"), "Job") == [] and "tune:" not in p.stdout
+
+
+@pytest.mark.parametrize("args, env, says", [
+    (["--apply", "--dry-run"], {}, "--apply"),
+    (["--apply"], {}, "--apply"),
+    (["--tune"], _without_kubectl(), "needs kubectl on PATH"),
+])
+def test_deploy_tune_bad_flags_are_bad_input(workdir, args, env, says):
+    write_spec(workdir, SPEC)
+    p = tritonkit("deploy", *args, cwd=workdir, env=env)
+    assert p.returncode == 2, p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "fix:" in lines[0] and "Traceback" not in p.stderr
+    assert "--tune" in lines[0]  # the fix names the flag to add (or, without kubectl, the dry run)
+    assert not (workdir / "model_repository").exists()  # said before any work
+
+
+def test_deploy_tune_needs_one_triton_pod(workdir):
+    write_spec(workdir, {**SPEC, "deploy": {**SPEC["deploy"], "replicas": 2}})
+    p = tritonkit("deploy", "--tune", "--dry-run", "--out", "o", cwd=workdir)
+    assert p.returncode == 2 and "deploy.replicas" in p.stderr and "one Triton pod" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and not (workdir / "model_repository").exists()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make on PATH")
+def test_make_deploy_passes_tune_and_apply():
+    def dry(*variables: str) -> str:
+        p = subprocess.run(["make", "-n", "deploy", *variables], cwd=REPO_ROOT, capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 0, p.stderr
+        return next(line for line in p.stdout.splitlines() if "tritonkit deploy" in line).split()
+
+    assert dry("TUNE=1", "DRY_RUN=1")[-4:] == ["--dry-run", "--out", "out/deploy", "--tune"]
+    assert dry("TUNE=1", "APPLY=1")[-2:] == ["--tune", "--apply"]
+    assert "--tune" not in dry() and "--dry-run" not in dry()

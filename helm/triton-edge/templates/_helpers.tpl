@@ -125,6 +125,20 @@ py3
 {{- printf "tuner-%s" (. | lower | replace "_" "-" | replace "." "-") | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* Models the tune Job tunes, one after another: tune.models, else models, else every configured model. */}}
+{{- define "triton-edge.tuneModels" -}}
+{{- $models := .Values.tune.models | default .Values.models -}}
+{{- if not $models }}{{ $models = keys .Values.modelRepository.configs | sortAlpha }}{{ end -}}
+{{- join "," $models -}}
+{{- end -}}
+
+{{/* The tune Job's name ends with the release revision: a Job's pod template is immutable, so every
+install or upgrade with tune.enabled creates a new Job (Helm deletes the previous one) instead of
+patching a finished one. `tritonkit deploy --tune` builds the same name (helm/tune_job.py). */}}
+{{- define "triton-edge.tuneJob" -}}
+{{- include "triton-edge.componentName" (dict "ctx" . "suffix" (printf "tune-%d" (int .Release.Revision))) -}}
+{{- end -}}
+
 {{/* The tuner rewrites config.pbtxt in place, so with a tuner the repository is a writable copy. */}}
 {{- define "triton-edge.writableRepository" -}}
 {{- if .Values.tuner.enabled -}}true{{- end -}}
@@ -157,6 +171,22 @@ py3
 {{- fail (printf "tuner: models %q and %q both map to the container name %q; rename one, or list one in tuner.models" (get $seen $c) . $c) -}}
 {{- end -}}
 {{- $_ := set $seen $c . -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.tune.enabled -}}
+{{- if not .Values.modelRepository.spec -}}
+{{- fail "tune.enabled needs modelRepository.spec (the deploy.yaml text; `tritonkit deploy --tune` sets it)" -}}
+{{- end -}}
+{{- if not .Values.modelRepository.configs -}}
+{{- fail "tune.enabled needs at least one model in modelRepository.configs" -}}
+{{- end -}}
+{{- if or .Values.autoscaling.enabled (ne (int .Values.replicaCount) 1) -}}
+{{- fail "tune.enabled needs one Triton pod (replicaCount 1, autoscaling.enabled false): through the Service the tune's requests and its shadow model's load would land on different pods" -}}
+{{- end -}}
+{{- range splitList "," (include "triton-edge.tuneModels" .) -}}
+{{- if not (hasKey $.Values.modelRepository.configs .) -}}
+{{- fail (printf "tune.models lists %q, which has no entry in modelRepository.configs" .) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- if and .Values.locust.enabled (not (include "triton-edge.locustModel" .)) -}}
@@ -225,6 +255,52 @@ py3
   emptyDir:
     sizeLimit: {{ .Values.engines.fetch.sizeLimit }}
 {{- end }}
+{{- end -}}
+
+{{/* The init container that downloads and checks the engine archive into the `engines` emptyDir:
+the Triton pod's, and the tune Job's (which reads the same version folders). */}}
+{{- define "triton-edge.fetchContainer" -}}
+- name: fetch-engines
+  image: {{ include "triton-edge.fetchImage" . }}
+  imagePullPolicy: {{ .Values.engines.fetch.image.pullPolicy }}
+  command: ["python3", "/fetch/fetch_engines.py"]
+  env:
+    - name: FETCH_DEST
+      value: /engines
+    - name: FETCH_SHA256
+      value: {{ .Values.engines.fetch.sha256 | quote }}
+    - name: FETCH_MODELS
+      value: {{ include "triton-edge.modelNames" . | quote }}
+    {{- if .Values.engines.fetch.urlSecret.name }}
+    - name: FETCH_URL
+      valueFrom:
+        secretKeyRef:
+          name: {{ .Values.engines.fetch.urlSecret.name }}
+          key: {{ .Values.engines.fetch.urlSecret.key }}
+    {{- else }}
+    - name: FETCH_URL
+      value: {{ .Values.engines.fetch.url | quote }}
+    {{- end }}
+    - name: HOME
+      value: /tmp
+  resources:
+    {{- toYaml .Values.engines.fetch.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.containerSecurityContext | nindent 4 }}
+  volumeMounts:
+    - name: engines
+      mountPath: /engines
+    - name: fetch-script
+      mountPath: /fetch
+      readOnly: true
+    - name: tmp
+      mountPath: /tmp
+{{- end -}}
+
+{{- define "triton-edge.fetchScriptVolume" -}}
+- name: fetch-script
+  configMap:
+    name: {{ include "triton-edge.componentName" (dict "ctx" . "suffix" "fetch") }}
 {{- end -}}
 
 {{- define "triton-edge.locustMaster" -}}
