@@ -21,14 +21,30 @@ from tritonkit.tuner.online import OnlineSettings, run_online
 from tritonkit.tuner.rules import RULES
 from tritonkit.tuner.run import tune_offline, tune_remote
 from tritonkit.tuner.settings import TuneSettings
-from tritonkit.tuner.sweep import MAX_BATCH, sweep
+from tritonkit.tuner.sweep import MAX_BATCH, sweep, sweep_remote
 from tritonkit.tuner.trials import TrialWindow
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:
     load = load_from(a)
-    spec = load_spec(a.spec, a.repo)
     sizes = powers_of_two(a.max_batch)
+    if a.url:  # a server the kit did not start: its rows on a shadow copy, like `tune --url`
+        spec = load_spec(a.spec, None, check_onnx=False)
+        if spec.pipeline(a.model) is not None:
+            raise InputError([flag_problem("--url", f"{a.model} is a pipeline: a pipeline's sweep runs on the "
+                                                    "kit's own server; drop --url")])
+        key_env = a.key_env or spec.server.restricted_key.value_env
+        say(f"sweep over max batch sizes {sizes}: {load.describe()}")
+        with _stopped_by_sigterm():
+            files = sweep_remote(a.url, spec, a.repo, a.model, load, a.out, headers=_key_headers(spec, key_env),
+                                 key_env=key_env, in_place=a.in_place, batch_sizes=sizes, delays_us=a.delay_us,
+                                 input_data=a.input_data, log=say)
+        say(f"report: {files['report.md']}")
+        return 0
+    if a.in_place or a.key_env:
+        raise InputError([flag_problem("--in-place" if a.in_place else "--key-env",
+                                       "applies to a sweep of a running server (--url): drop it")])
+    spec = load_spec(a.spec, a.repo)
     with serve_configured(spec, a.repo, a.state_dir, models=[a.model], ports=FREE_PORTS, log=say) as r:
         say(f"sweep over max batch sizes {sizes}: {load.describe()}")
         files = sweep(r, spec, a.repo, a.model, load, a.out, batch_sizes=sizes, delays_us=a.delay_us,
@@ -165,6 +181,12 @@ def register(sub) -> None:
     load_args(sp, "out/sweep")
     sp.add_argument("--max-batch", type=int, default=MAX_BATCH)
     sp.add_argument("--delay-us", type=int, action="append", help="queue delays to sweep (repeatable)")
+    sp.add_argument("--url", help="sweep a running Triton the kit did not start (gRPC HOST:PORT), through its "
+                                  "repository API, on a shadow copy of the model (files from --repo)")
+    sp.add_argument("--in-place", action="store_true", help="with --url: sweep the served model itself, not a "
+                                                            "shadow copy")
+    sp.add_argument("--key-env", metavar="VAR", help="with --url: the environment variable holding the repository "
+                                                     "API's key (default: the spec's server.restricted_key.value_env)")
     sp.set_defaults(func=cmd_sweep)
 
     # Defaults stay None here, so that a flag given in a mode it means nothing in can be told from

@@ -23,10 +23,11 @@ import psutil
 from tritonkit.configs.generate import generate
 from tritonkit.errors import ServerError
 from tritonkit.loadtests.load import Load, RequestClass
-from tritonkit.loadtests.measure import measure, measure_by
+from tritonkit.loadtests.measure import measure_by, measure_grpc
 from tritonkit.loadtests.report import write_sweep_report
 from tritonkit.serving import Running
 from tritonkit.spec import Spec
+from tritonkit.tuner import remote
 from tritonkit.tuner.apply import LiveConfig, Served
 from tritonkit.tuner.knobs import Knobs, grid, powers_of_two
 from tritonkit.tuner.mix import MixBox
@@ -35,9 +36,10 @@ MAX_BATCH = 64  # the sweep's default top row (the batch-size study's 1, 2, 4 ..
 
 
 class PeakRss:
-    """Samples the summed RSS of the server and its stubs every 50 ms while a row runs."""
+    """Samples the summed RSS of the server and its stubs every 50 ms while a row runs (None where
+    the server is not a process of this machine)."""
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int | None):
         self.pid, self.peak_mb, self._stop = pid, 0.0, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -53,15 +55,19 @@ class PeakRss:
             self._stop.wait(0.05)
 
     def __enter__(self) -> PeakRss:
-        self._thread.start()
+        if self.pid is None:
+            self.peak_mb = None
+        else:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join()
+        if self.pid is not None:
+            self._thread.join()
 
 
-def row_from(result: dict, max_batch: int, delay_us: int, peak_mb: float) -> dict:
+def row_from(result: dict, max_batch: int, delay_us: int, peak_mb: float | None) -> dict:
     o, s = result["overall"], result["server"]
     return {
         "max_batch_size": max_batch, "max_queue_delay_us": delay_us,
@@ -84,27 +90,49 @@ def sweep(r: Running, spec: Spec, repo: Path, model: str, load: Load, out_dir: P
     if spec.pipeline(model) is not None:
         return sweep_pipeline(r, spec, repo, model, load, out_dir, batch_sizes=batch_sizes, delays_us=delays_us,
                               classes=classes, input_data=input_data, log=log)
+    live = LiveConfig(Served(r), spec, repo, model)  # last-known-good: the spec's own config
+    return _sweep(live, spec, model, load, out_dir, url=r.endpoints.grpc, metrics=r.endpoints.metrics,
+                  pid=r.server.proc.pid, batch_sizes=batch_sizes, delays_us=delays_us, classes=classes,
+                  input_data=input_data, log=log)
+
+
+def sweep_remote(url: str, spec: Spec, repo: Path | None, model: str, load: Load, out_dir: Path, *,
+                 headers: dict[str, str], key_env: str, in_place: bool = False,
+                 batch_sizes: list[int] | None = None, delays_us: list[int] | None = None,
+                 classes: list[RequestClass] | None = None, input_data: Path | None = None,
+                 log: Callable[[str], None] = print) -> dict[str, Path]:
+    """The same rows on a server the kit did not start (`tuner/remote.py`): a shadow copy by default,
+    the original config back and verified at the end. Its memory is not this machine's to read."""
+    with remote.session(url, model, headers, key_env, repo, in_place, log) as (server, served):
+        spec = remote.served_knobs(served.config).apply(spec, model)  # each row varies the served config
+        live = LiveConfig(server, spec, repo, model, log, target=remote.ThroughApi(server, served))
+        return _sweep(live, spec, model, load, out_dir, url=url, metrics=None, pid=None, batch_sizes=batch_sizes,
+                      delays_us=delays_us, classes=classes, input_data=input_data, log=log)
+
+
+def _sweep(live: LiveConfig, spec: Spec, model: str, load: Load, out_dir: Path, *, url: str, metrics: str | None,
+           pid: int | None, batch_sizes: list[int] | None, delays_us: list[int] | None,
+           classes: list[RequestClass] | None, input_data: Path | None, log: Callable[[str], None]) -> dict[str, Path]:
     rows = []
     m = spec.model(model)
     preferred = m.batching.preferred_batch_sizes
     points = grid(batch_sizes or powers_of_two(MAX_BATCH), delays_us or [m.batching.max_queue_delay_us],
                   [m.instances.count], preferred_of=lambda b: [s for s in preferred if s <= b])
-    live = LiveConfig(Served(r), spec, repo, model)  # last-known-good: the spec's own config
     try:
         for k in points:
             refused = live.apply_knobs(spec, k)
             if refused:
                 raise ServerError(f"max_batch {k.max_batch}, delay {k.delay_us} us: {refused}")
-            with PeakRss(r.server.proc.pid) as rss:
-                result = measure(r.endpoints, model, load, classes, input_data=input_data)
+            with PeakRss(pid) as rss:
+                result = measure_grpc(url, live.served_name, load, classes, metrics=metrics, input_data=input_data)
             row = row_from(result, k.max_batch, k.delay_us, rss.peak_mb)
             rows.append(row)
             note = "  (generator-limited)" if row["generator_warning"] else ""
+            memory = f"  peak RSS {row['peak_rss_mb']:.0f} MB" if row["peak_rss_mb"] is not None else ""
             log(f"  [{len(rows)}/{len(points)}] max_batch {k.max_batch:>2} delay {k.delay_us:>6} us: "
-                f"{row['throughput_rps']:7.1f} req/s  P95 {row['p95_ms']:7.2f} ms  "
-                f"peak RSS {row['peak_rss_mb']:.0f} MB{note}")
+                f"{row['throughput_rps']:7.1f} req/s  P95 {row['p95_ms']:7.2f} ms{memory}{note}")
     finally:
-        live.restore(restart=False)  # back to what the spec says
+        live.restore(restart=False)  # back to what the spec (or the server) had
     return write_sweep_report(rows, out_dir, slo_p95_ms=m.slo.p95_ms, memory_budget_mb=m.memory_budget_mb,
                               title=f"Batch-size sweep: {model}",
                               load=f"{load.describe()}; {load.warmup_s:g} s warm-up, {load.duration_s:g} s steady")
