@@ -14,6 +14,7 @@ from tritonkit.benchmarks.mix_bench import run_mix_bench
 from tritonkit.benchmarks.model_analyzer import require_model_analyzer
 from tritonkit.benchmarks.overload import run_overload_bench
 from tritonkit.benchmarks.peer_bench import MA_WALL_S, run_peer_bench
+from tritonkit.benchmarks.remote import run_remote_bench
 from tritonkit.benchmarks.routing import BenchSettings, run_routing_bench
 from tritonkit.benchmarks.serving import run_serving_bench
 from tritonkit.benchmarks.tuner_bench import run_tuner_bench
@@ -67,6 +68,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
                        engine=s.engine, max_trials=s.max_trials, kit_runs=a.kit_runs,
                        model_analyzer_from=a.model_analyzer_from, hold_loads=a.hold_loads, log=say)
         say(f"wrote {a.out / 'versus'}/<case>/bench_versus.json")
+    elif a.what == "remote":
+        rounds = 3 if a.rounds is None else a.rounds
+        raise_flag_problems([("--rounds", rounds >= 1, "judge at least once, e.g. 3")])
+        run_remote_bench(a.out / "remote", rounds=rounds, seconds=a.seconds, max_trials=a.max_trials, log=say)
+        say(f"wrote {a.out / 'remote' / 'bench_remote.json'}")
     elif a.what == "floor":
         s = TuneSettings(p95_ms=a.p95_ms)
         rounds = 12 if a.rounds is None else a.rounds
@@ -123,7 +129,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 def register(sub) -> None:
     sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
     sp.add_argument("what", choices=["generators", "tuner", "floor", "overload", "serving", "footprint", "routing",
-                                     "peer", "versus", "ablation", "mix"],
+                                     "peer", "versus", "ablation", "mix", "remote"],
                     help="generators: Locust HTTP vs asyncio gRPC capacity and distortion, and one load through all "
                          "three engines; "
                          "peer: Model Analyzer's quick search (the [peer] extra), then perf_analyzer judging its "
@@ -131,6 +137,8 @@ def register(sub) -> None:
                          "versus: the tuner against Model Analyzer from a naive start on built-in cases "
                          "(--case), both winners judged by perf_analyzer; "
                          "tuner: the tuner against an exhaustive grid over the same knobs; "
+                         "remote: tune --url against a running server (a second model under steady load), next to "
+                         "local tunes with each trial engine, the three winners judged together; "
                          "mix: three models under one traffic mix, tuned alone then together (tune --mix), "
                          "both judged on the mix's scale and load-tested at it; "
                          "ablation: each of the tuner's noise rules switched off, on a simulated noisy world "

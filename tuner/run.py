@@ -93,7 +93,7 @@ def tune_remote(spec: Spec, model: str, url: str, out_dir: Path, *, headers: dic
                 repo: Path | None, in_place: bool = False, p95_ms: float | None = None, rps: float | None = None,
                 max_trials: int = TuneSettings.max_trials, max_error_ratio: float = TuneSettings.max_errors,
                 max_batch: int | None = None, window: TrialWindow | None = None, margin: float = RULES.slo_margin,
-                input_data: Path | None = None, rules: Rules = RULES,
+                input_data: Path | None = None, rules: Rules = RULES, write_decision: bool = True,
                 log: Callable[[str], None] = print) -> TuneResult:
     """The same search against a server the kit did not start (`tuner/remote.py`): trials on a shadow
     copy (or the model itself with `in_place`), the original config back and verified at the end.
@@ -120,7 +120,7 @@ def tune_remote(spec: Spec, model: str, url: str, out_dir: Path, *, headers: dic
             if tuning is None:
                 log("tuning stopped")
                 outputs.write_log(out_dir, outputs.partial_log(model, trials.trials, about))
-    files = _write(spec, model, tuning, trials, out_dir, time.perf_counter() - t0, about, True)
+    files = _write(spec, model, tuning, trials, out_dir, time.perf_counter() - t0, about, write_decision)
     return TuneResult(tuning, trials, files, time.perf_counter() - t0)
 
 
