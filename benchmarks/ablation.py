@@ -91,7 +91,7 @@ def from_real_trials(trials_files: list[Path], rules: Rules = RULES) -> dict:
         for t in d["trials"]:
             if t["rate"] and t["phase"] not in ("confirm", "overload", "calibrate", "speed"):
                 by_rung.setdefault((t["label"], round(t["rate"], 1)), []).append(t)
-        spread = (d.get("noise") or {}).get("spread") or rules.prior_spread
+        spread = (d.get("noise") or {}).get("p95_spread") or rules.prior_spread
         for runs in by_rung.values():
             rungs += 1
             first = runs[0]
