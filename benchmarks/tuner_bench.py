@@ -2,7 +2,7 @@
 
 The grid is what Model Analyzer's brute-force search does: every combination of max batch, queue
 delay and instance count, each screened by single runs on a rate ladder (doubling from
-GRID_START_RPS, or lower where no config holds that, then the tuner's own RULES.rate_step inside the last
+GRID_START_RPS, or lower where no config holds that, then the tuner's own Rules.rate_step inside the last
 bracket). Both sides then decide by the same rules (tuner/noise.py): the grid's GRID_FINALISTS best
 screened configs get the tuner's majority-of-runs sustained rate (`Search.sustained`), and each
 side's winner is confirmed by the same `confirm` (three runs, pooled). Both sides also obey
@@ -37,7 +37,7 @@ from tritonkit.tuner.knobs import Knobs, from_spec, grid, powers_of_two
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.noise import spread_of
 from tritonkit.tuner.offline import Score, Search, confirm
-from tritonkit.tuner.rules import RULES
+from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.run import max_batch_bound, objective_for
 from tritonkit.tuner.settings import TuneSettings
 from tritonkit.tuner.trials import LocalServer, Trials, TrialWindow
@@ -65,7 +65,7 @@ def screen(trials: Trials, points: list[Knobs]) -> list[Score]:
         start /= 2
 
 
-def grid_capacity(trials: Trials, k: Knobs, start: float = GRID_START_RPS) -> Score:
+def grid_capacity(trials: Trials, k: Knobs, start: float = GRID_START_RPS, rules: Rules = RULES) -> Score:
     """One screening run per rung: the last rate that passed, none when the first failed."""
     rate, passed = start, None
     while rate <= GRID_MAX_RPS:
@@ -76,13 +76,13 @@ def grid_capacity(trials: Trials, k: Knobs, start: float = GRID_START_RPS) -> Sc
         rate *= 2
     if passed is None:
         return Score(k, -math.inf, None, None)
-    rate = passed.rate * RULES.rate_step
+    rate = passed.rate * rules.rate_step
     while rate < passed.rate * 2:
         t = trials.run(k, trials.open_load(rate), "grid")
         if not t.passed:
             break
         passed = Score(k, t.ok_rps, rate, t)
-        rate *= RULES.rate_step
+        rate *= rules.rate_step
     return passed
 
 

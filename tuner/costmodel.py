@@ -10,9 +10,8 @@ From it follow the figures the tuner starts from (ARCHITECTURE.md):
                   W' = min(W, E[B] / λ): the part of the delay the rate leaves unfilled
                   ρ  = λ / Φ(max batch): how full the instances are, against the capacity of full
                        batches, as the batcher grows its batches when a queue forms; the queueing
-                       term is M/D/1's mean wait. Over 72 measured trials of four models with a P95
-                       under 1.6x their SLO, the estimate was 12% low in the median and within
-                       1.4x of the measured P95 in half of them.
+                       term is M/D/1's mean wait (how close it comes to measured trials:
+                       docs/benchmarks.md).
 
 One P95 estimate (`p95_ms`) and one headroom (`Rules.headroom`) serve the offline search, the online
 sidecar's setpoint and the simulated world of the tests. They rank candidates; measurements decide.
@@ -22,9 +21,9 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from tritonkit.tuner.rules import RULES
+from tritonkit.tuner.rules import RULES, Rules
 
 STAGES = ("compute_input", "compute_infer", "compute_output")
 
@@ -34,6 +33,7 @@ class CostModel:
     c_fixed_ms: float
     c_per_ms: float
     points: tuple[tuple[int, int, float], ...] = ()  # (batch size, executions, mean ms) it was fitted on
+    rules: Rules = field(default=RULES, compare=False, repr=False)  # saturation, headroom, reserved cores
 
     def t_ms(self, b: int) -> float:
         """Compute time of one execution of batch `b`."""
@@ -41,7 +41,7 @@ class CostModel:
 
     def capacity(self, b: int, instances: int = 1) -> float:
         """Requests per second that batches of `b` can serve."""
-        return parallelism(instances) * b / (self.t_ms(b) / 1e3)
+        return parallelism(instances, self.rules) * b / (self.t_ms(b) / 1e3)
 
     def p95_ms(self, max_batch: int, delay_us: int, rate: float, instances: int = 1) -> float:
         """The rough P95 at `rate` of batches up to `max_batch` formed within `delay_us` (above);
@@ -51,24 +51,24 @@ class CostModel:
         full = max(1, max_batch)
         b = max(1, min(full, math.ceil(rate * (delay_us / 1e6 + self.t_ms(full) / 1e3))))
         rho = rate / self.capacity(full, instances)
-        if rho >= RULES.saturation:
+        if rho >= self.rules.saturation:
             return math.inf
         wait_ms = min(delay_us / 1e3, b / rate * 1e3)
-        return wait_ms + self.t_ms(b) * (1 + rho / (2 * (1 - rho)) / parallelism(instances))
+        return wait_ms + self.t_ms(b) * (1 + rho / (2 * (1 - rho)) / parallelism(instances, self.rules))
 
     def sustainable(self, b: int, instances: int = 1) -> float:
         """The rate batches of `b` should sustain: the rules' headroom of their capacity."""
-        return RULES.headroom * self.capacity(b, instances)
+        return self.rules.headroom * self.capacity(b, instances)
 
     def to_json(self) -> dict:
         return {"c_fixed_ms": round(self.c_fixed_ms, 4), "c_per_ms": round(self.c_per_ms, 4),
                 "points": [list(p) for p in self.points]}
 
 
-def parallelism(instances: int) -> float:
+def parallelism(instances: int, rules: Rules = RULES) -> float:
     """Instances beyond the cores left after Triton's own threads and the load generator
     (`Rules.reserved_cores`) run no faster in parallel."""
-    return max(1.0, min(float(instances), (os.cpu_count() or 1) - RULES.reserved_cores))
+    return max(1.0, min(float(instances), (os.cpu_count() or 1) - rules.reserved_cores))
 
 
 def batch_points(before: dict, after: dict) -> list[tuple[int, int, float]]:
@@ -90,12 +90,12 @@ def batch_points(before: dict, after: dict) -> list[tuple[int, int, float]]:
     return points
 
 
-def fit(points: list[tuple[int, int, float]]) -> CostModel:
+def fit(points: list[tuple[int, int, float]], rules: Rules = RULES) -> CostModel:
     """Weighted least squares of mean compute time on batch size; weights are execution counts.
 
     With one batch size only, the fixed share cannot be told apart: all of it is taken as per-item
     cost (batching then looks useless, so the tuner measures rather than trusts it)."""
-    pts = [p for p in points if p[1] >= RULES.min_executions] or list(points)
+    pts = [p for p in points if p[1] >= rules.min_executions] or list(points)
     if not pts:
         raise ValueError("no executions to fit: the calibration run sent no requests that Triton ran")
     w = [float(c) for _, c, _ in pts]
@@ -106,11 +106,11 @@ def fit(points: list[tuple[int, int, float]]) -> CostModel:
     my = sum(wi * yi for wi, yi in zip(w, y)) / sw
     sxx = sum(wi * (xi - mx) ** 2 for wi, xi in zip(w, x))
     if sxx == 0:
-        return CostModel(0.0, my / mx, tuple(pts))
+        return CostModel(0.0, my / mx, tuple(pts), rules)
     slope = sum(wi * (xi - mx) * (yi - my) for wi, xi, yi in zip(w, x, y)) / sxx
     slope = max(slope, 1e-6)  # a batch never costs less per item than nothing
     intercept = max(0.0, my - slope * mx)
-    return CostModel(intercept, slope, tuple(pts))
+    return CostModel(intercept, slope, tuple(pts), rules)
 
 
 def batch_for_rate(model: CostModel, rate: float, max_batch: int, instances: int = 1) -> int:
@@ -126,7 +126,7 @@ def delay_for(model: CostModel, b: int, rate: float, slo_p95_ms: float, instance
     whose estimated P95 meets the SLO."""
     if b <= 1 or rate <= 0:
         return 0
-    step = RULES.delay_step_us
+    step = model.rules.delay_step_us
     delay = int(b / rate * 1e6) // step * step
     while delay > 0 and model.p95_ms(b, delay, rate, instances) > slo_p95_ms:
         delay -= step

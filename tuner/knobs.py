@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tritonkit.spec import ModelSpec, QueuePolicy, Spec
-from tritonkit.tuner.rules import RULES
+from tritonkit.tuner.rules import RULES, Rules
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def powers_of_two(bound: int) -> list[int]:
     return sizes
 
 
-def neighbours(k: Knobs, bound: int, most_instances: int | None = None) -> list[Knobs]:
+def neighbours(k: Knobs, bound: int, most_instances: int | None = None, rules: Rules = RULES) -> list[Knobs]:
     """One step along each knob: batch x2 and /2, delay up or down the ladder, one instance more or
     less (at most `most_instances`, default this machine's cores)."""
     out = []
@@ -109,22 +109,23 @@ def neighbours(k: Knobs, bound: int, most_instances: int | None = None) -> list[
         for b in (k.max_batch * 2, k.max_batch // 2):
             if 1 <= b <= bound:
                 out.append(replace(k, max_batch=b))
-        i = _ladder_index(k.delay_us)
+        ladder = rules.delays_us
+        i = _ladder_index(k.delay_us, ladder)
         for j in (i + 1, i - 1, i - 2):  # two rungs down too: under load, queueing fills batches anyway
-            if 0 <= j < len(RULES.delays_us):
-                out.append(replace(k, delay_us=RULES.delays_us[j]))
+            if 0 <= j < len(ladder):
+                out.append(replace(k, delay_us=ladder[j]))
     for n in (k.instances + 1, k.instances - 1):
         if 1 <= n <= (most_instances or max_instances()):
             out.append(replace(k, instances=n))
     return out
 
 
-def _ladder_index(delay_us: int) -> int:
-    return min(range(len(RULES.delays_us)), key=lambda j: abs(RULES.delays_us[j] - delay_us))
+def _ladder_index(delay_us: int, ladder: tuple[int, ...]) -> int:
+    return min(range(len(ladder)), key=lambda j: abs(ladder[j] - delay_us))
 
 
-def on_ladder(delay_us: int) -> int:
-    return RULES.delays_us[_ladder_index(delay_us)]
+def on_ladder(delay_us: int, rules: Rules = RULES) -> int:
+    return rules.delays_us[_ladder_index(delay_us, rules.delays_us)]
 
 
 def grid(batches, delays=RULES.delays_us, instances=None,

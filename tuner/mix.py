@@ -253,14 +253,14 @@ class MixSearch:
         of the others that give cores back."""
         mine = next((e.models for e in self.entries if e.name == bottleneck), ())
         for model in mine:
-            for k in neighbours(configs[model], self.bounds[model]):
+            for k in neighbours(configs[model], self.bounds[model], rules=self.rules):
                 if k.instances <= max_instances():
                     yield {**configs, model: k}
         for model in configs:
             if model in mine:
                 continue
             now = configs[model]
-            for k in neighbours(now, self.bounds[model]):
+            for k in neighbours(now, self.bounds[model], rules=self.rules):
                 if k.instances < now.instances or k.delay_us > now.delay_us or k.max_batch > now.max_batch:
                     yield {**configs, model: k}
 

@@ -291,7 +291,7 @@ class Search:
         for b, c, ms in points:
             m = merged.setdefault(b, [0, 0.0])
             m[0], m[1] = m[0] + c, m[1] + c * ms
-        model = fit([(b, c, total / c) for b, (c, total) in sorted(merged.items())])
+        model = fit([(b, c, total / c) for b, (c, total) in sorted(merged.items())], self.rules)
         self.log(f"  cost model: T(B) = {model.c_fixed_ms:.3f} ms + B x {model.c_per_ms:.3f} ms "
                  f"(from {len(model.points)} batch sizes)")
         return model
@@ -302,7 +302,7 @@ class Search:
         for instances in range(1, self.most_instances + 1):
             for b in powers_of_two(self.bound) or [0]:  # 0: no batch axis
                 rate = self.obj.rps or cm.sustainable(max(b, 1), instances)
-                k = Knobs(b, on_ladder(delay_for(cm, b, rate, self.obj.slo_p95_ms, instances)), instances)
+                k = Knobs(b, on_ladder(delay_for(cm, b, rate, self.obj.slo_p95_ms, instances), self.rules), instances)
                 p95 = predict_p95(cm, k, rate)
                 score = -p95 if self.obj.rps else (rate if p95 <= self.obj.slo_p95_ms else 0.0)
                 out.append((score, k))
@@ -344,7 +344,7 @@ class Search:
         improved = True
         while improved:
             improved = False
-            for k in self._ordered(neighbours(incumbent.knobs, self.bound, self.most_instances), cm):
+            for k in self._ordered(neighbours(incumbent.knobs, self.bound, self.most_instances, self.rules), cm):
                 if k in tried:
                     continue
                 if self.stalls(k):  # never proposed: the probe found this server stalls on it
@@ -437,7 +437,7 @@ class Search:
         """The winner with a protective policy that held at every overload factor, or None (and why)."""
         b = self.t.spec.model(self.t.model).batching
         budget = Budget(self.obj.slo_p95_ms, cm.t_ms(k.items), measured_overhead_ms(self.t.trials))
-        candidate, why = protect(k, b, budget, capacity, self.traits)
+        candidate, why = protect(k, b, budget, capacity, self.traits, self.rules)
         self.log(f"== queue policy for the winner: {why}")
         if candidate is None:
             tuning.policy_note = why

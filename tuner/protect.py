@@ -23,7 +23,7 @@ from tritonkit.server_traits import ServerTraits
 from tritonkit.slo import meets
 from tritonkit.spec import Batching, QueuePolicy
 from tritonkit.tuner.knobs import Knobs, max_instances
-from tritonkit.tuner.rules import RULES
+from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.trials import Trial
 
 
@@ -57,7 +57,7 @@ def classes_for(b: Batching) -> list[RequestClass]:
 
 
 def protect(k: Knobs, b: Batching, budget: Budget, capacity_rps: float,
-            traits: ServerTraits | None) -> tuple[Knobs | None, str]:
+            traits: ServerTraits | None, rules: Rules = RULES) -> tuple[Knobs | None, str]:
     """The winner with its protective policy, and what was decided; None when no policy can help."""
     if budget.queue_ms <= 0:
         return None, f"no queue policy: {budget.describe()} leaves nothing to queue in"
@@ -75,7 +75,7 @@ def protect(k: Knobs, b: Batching, budget: Budget, capacity_rps: float,
         return QueuePolicy(timeout_action="REJECT", default_timeout_us=timeout_us, allow_timeout_override=True,
                            max_queue_size=size)
 
-    default = bounded(RULES.default_share if above else 1.0)
+    default = bounded(rules.default_share if above else 1.0)
     levels = []
     for lv in above:
         policy = bounded(1.0)

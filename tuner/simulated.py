@@ -18,7 +18,7 @@ from tritonkit.spec import Batching, ModelSpec, QueuePolicy
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs
 from tritonkit.tuner.offline import predict_p95
-from tritonkit.tuner.rules import RULES
+from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.trials import Trial
 
 SLO_MS = 25.0
@@ -88,13 +88,13 @@ def with_latencies(t: Trial) -> Trial:
     return t
 
 
-def best_sustained(k: Knobs) -> float:
+def best_sustained(k: Knobs, rules: Rules = RULES) -> float:
     """The highest rate on the search's ladder at which WORLD meets the SLO with knobs k."""
-    rate, best = 100.0 / RULES.rate_step ** 10, 0.0
+    rate, best = 100.0 / rules.rate_step ** 10, 0.0
     while rate < 1e5:
         if predict_p95(WORLD, k, rate) <= SLO_MS:
             best = rate
-        rate *= RULES.rate_step
+        rate *= rules.rate_step
     return best
 
 
