@@ -37,9 +37,10 @@ from tritonkit.tuner.simulated import (
     MODEL_SPEC,
     SLO_MS,
     WORLD,
-    NoisySimulatedTrials,
     SimulatedTrials,
+    TrueWorldTrials,
     best_sustained,
+    true_edge,
     with_latencies,
 )
 from tritonkit.tuner.trials import Trial, TrialWindow
@@ -54,13 +55,14 @@ def two_cores(monkeypatch):
 # -- the offline search ------------------------------------------------------------------------
 
 
-def test_offline_search_finds_near_the_grid_best_within_its_budget():
+def test_offline_search_runs_its_phases_in_order_within_its_budget():
+    """The mechanics, on the world that follows the cost model exactly (how near the best it gets
+    on a world it misjudges is the next tests'): calibration recovers the law, the winner is no
+    worse than the spec's config, and its queue policy was checked at 1.5x and 3x its rate."""
     sim = SimulatedTrials()
     spec_knobs = Knobs(16, 8000, 1)
     tuning = Search(sim, Objective(SLO_MS), bound=16, max_trials=30, log=lambda s: None).run(spec_knobs)
-    grid_best = max(best_sustained(k) for k in grid(powers_of_two(16)))
     assert tuning.confirmed and tuning.best.passed
-    assert tuning.best.rate >= 0.85 * grid_best, (tuning.best.rate, grid_best)
     assert tuning.best.rate >= tuning.baseline.rate  # never worse than the spec's own config
     assert len(sim.trials) <= 30
     assert [t.phase for t in sim.trials[:4]] == ["calibrate"] * 3 + ["baseline"]
@@ -121,12 +123,17 @@ def test_the_protective_policy_is_cut_from_measured_times_per_priority_level():
     assert k is None and "leaves nothing to queue in" in why
 
 
-def test_the_search_never_proposes_a_config_the_probe_found_stalling():
+def test_the_search_never_proposes_a_config_the_probe_found_stalling(monkeypatch):
     """On a server where a bounded queue stalls one instance (the probe), every candidate the search
     measures, and the winner, has the instances the probe found safe; the spec's own config is
     still measured as the baseline, and as the incumbent a challenger is paired with (it is the
     user's, not a proposal)."""
-    sim = SimulatedTrials()  # the spec has a bounded queue (128)
+    from tritonkit.tuner import simulated
+
+    # priority levels turn the batcher's prefetch off, queue policy or not: one instance stalls
+    levels = Batching(priority_levels=2, default_priority=2, default_queue_policy=QueuePolicy(max_queue_size=128))
+    monkeypatch.setattr(simulated, "MODEL_SPEC", MODEL_SPEC.model_copy(update={"batching": levels}))
+    sim = SimulatedTrials()
     traits = ServerTraits("2.51.0", stalls=True, safe_instances=2)
     spec_knobs = Knobs(16, 8000, 1)
     tuning = Search(sim, Objective(SLO_MS), bound=16, max_trials=30, log=lambda s: None, traits=traits).run(spec_knobs)
@@ -160,34 +167,45 @@ def _steps_apart(a: Knobs, b: Knobs) -> int:
         abs(a.instances - b.instances)
 
 
-def test_on_a_noisy_machine_the_picks_are_stable_and_meet_the_slo():
-    """Twenty tunings of the same world, each with its own noise: the winners lie within one step
-    of the most frequent one, three in four confirmed rates within one rung (either side) of the
-    median and all within two, and with the margin every confirmed rate really meets the SLO
-    (WORLD's noise-free P95)."""
-    objective = Objective(SLO_MS, margin=0.15)
+def test_on_a_world_it_misjudges_the_search_claims_no_rate_past_the_true_edge():
+    """TRUE_WORLD's law is not the cost model's (a knee, interference between instances, a heavier
+    queueing tail), noise-free: the search still picks a config within two rungs of the true best
+    (one for the ladder's resolution, one for the start the wrong model gives it), and claims no
+    rate that config does not truly sustain."""
+    sim = TrueWorldTrials()
+    tuning = Search(sim, Objective(SLO_MS), bound=16, max_trials=30, log=lambda s: None).run(Knobs(16, 8000, 1))
+    best = max(true_edge(k) for k in grid(powers_of_two(16)))
+    pick = _batching(tuning.best.knobs)
+    assert tuning.confirmed and len(sim.trials) <= 30
+    assert true_edge(pick) >= best / RULES.rate_step ** 2, (pick.label(), true_edge(pick), best)
+    assert tuning.best.rate <= true_edge(pick)
+
+
+def _batching(k: Knobs) -> Knobs:
+    return Knobs(k.max_batch, k.delay_us, k.instances)
+
+
+def test_on_a_noisy_machine_the_picks_are_stable_and_never_claim_past_the_true_edge():
+    """Twenty tunings of TRUE_WORLD, each with its own noise (15% per run, a drift, one run in ten a
+    missed stall of the client) and the default 10% margin. The confirmation pools three runs at the
+    SLO itself, so no confirmed rate lies past its config's true edge; the picks lie within one
+    step of the most frequent one; and each pick is within three rungs of the true best (the
+    ladder's resolution, the margin, and the noise the majority rule tolerates)."""
+    objective = Objective(SLO_MS, margin=RULES.slo_margin)
+    best = max(true_edge(k) for k in grid(powers_of_two(16)))
     picks = []
     for seed in range(20):
-        sim = NoisySimulatedTrials(seed, objective.target_p95_ms)
+        sim = TrueWorldTrials(seed, objective.target_p95_ms)
         t = Search(sim, objective, bound=16, max_trials=30, log=lambda s: None).run(Knobs(16, 8000, 1))
         assert len(sim.trials) <= 30
         if t.confirmed:
-            picks.append((replace(t.best.knobs, queue=None), t.best.rate))
+            picks.append((_batching(t.best.knobs), t.best.rate))
     assert len(picks) >= 18, len(picks)
+    over = [(k.label(), round(r), round(true_edge(k))) for k, r in picks if r > true_edge(k)]
+    assert not over, over
     common = max({k for k, _ in picks}, key=[k for k, _ in picks].count)
     assert all(_steps_apart(k, common) <= 1 for k, _ in picks), [k.label() for k, _ in picks]
-    median = sorted(r for _, r in picks)[len(picks) // 2]
-    rates = [round(r) for _, r in picks]
-    # over four sets of twenty seeds, 79-95% lie within one rung: three in four is the claim that holds
-    assert sum(median / RULES.rate_step <= r <= median * RULES.rate_step for r in rates) >= 0.75 * len(picks), rates
-    assert all(median / RULES.rate_step ** 2 <= r <= median * RULES.rate_step ** 2 for r in rates), rates
-    # the confirmation pools three noisy runs at the SLO itself: one pick in twenty may pass a few
-    # percent above the true edge by luck, none by more than the noise of a pooled P95
-    over = [predict_p95(WORLD, k, r) / SLO_MS for k, r in picks if predict_p95(WORLD, k, r) > SLO_MS]
-    assert len(over) <= 1 and all(x <= 1.05 for x in over), over
-    assert median >= 0.75 * max(best_sustained(k) for k in grid(powers_of_two(16)))
-
-
+    assert all(true_edge(k) >= best / RULES.rate_step ** 3 for k, _ in picks), [k.label() for k, _ in picks]
 
 
 class SlowsDown(SimulatedTrials):
@@ -878,8 +896,8 @@ def test_for_throughput_a_neighbour_wins_by_holding_the_rung_the_incumbent_misse
 
 def test_the_ablation_bench_switches_each_rule_off_in_one_place(tmp_path):
     """`bench ablation` runs the noisy world once per variant of the one Rules object: with every
-    rule on, no pick misses the SLO at its confirmed rate; without the one-run verdict each rung
-    takes more runs, so the same tunings take more trials."""
+    rule on, no confirmed rate lies past its config's true edge; without the one-run verdict every
+    rung takes a majority of runs, so the search spends more runs per rung."""
     import json
 
     from tritonkit.benchmarks.ablation import VARIANTS, run_ablation
@@ -887,8 +905,8 @@ def test_the_ablation_bench_switches_each_rule_off_in_one_place(tmp_path):
     r = run_ablation(tmp_path, real=[], seeds=4, log=lambda s: None)
     sim = r["simulated"]
     assert set(sim) == set(VARIANTS) and all(s["seeds"] == 4 for s in sim.values())
-    assert sim["all rules"]["confirmed"] >= 3 and sim["all rules"]["miss_slo"] == 0
-    assert sim["no one-run verdict (always a majority of 3)"]["mean_trials"] > sim["all rules"]["mean_trials"]
+    assert sim["all rules"]["confirmed"] >= 3 and sim["all rules"]["over_true_edge"] == 0
+    assert sim["no one-run verdict (always a majority of 3)"]["runs_per_rung"] > sim["all rules"]["runs_per_rung"]
     assert json.loads((tmp_path / "bench_ablation.json").read_text())["simulated"] == sim
 
 

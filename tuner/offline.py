@@ -204,31 +204,49 @@ class Search:
         return self.sustained(k, start_rate or 100.0, phase)
 
     def sustained(self, k: Knobs, rate: float, phase: str, given: list[Trial] | None = None) -> Score:
-        """The highest rate on the ladder that holds in most runs: climb from `rate` while it holds,
-        step down from it while it does not. Stepping down, one failed run per rung is enough (a
-        rung too low costs the figure one rung); the first pass must hold in most runs. `given`:
-        runs at `rate` that already held there."""
+        """The highest rate that holds in most runs, to within one rung (`Rules.rate_step`). From a
+        `rate` that holds, the edge is bracketed, then bisected: first the rate the cost model
+        predicts `k` sustains (`start_rate`), then steps that double (in log) while they hold, then
+        the geometric middle of the highest hold and the lowest miss until they are a rung apart.
+        From a `rate` that misses, it steps down a rung at a time; one failed run per rung is enough
+        there (a rung too low costs the figure one rung), and the first pass must hold in most runs.
+        `given`: runs at `rate` that already held there."""
         ok, runs = (True, given) if given else self.verdict_at(k, rate, phase)
         best = self._score(k, rate, runs, ok)
         if ok:
-            while self.budget_left > 0:
-                up = rate * self.rules.rate_step
-                ok, runs = self.verdict_at(k, up, phase)
-                if not ok:
-                    break
-                rate, best = up, self._score(k, up, runs, True)
-        else:
-            for _ in range(self.rules.max_steps_down):
-                if self.budget_left <= 0:
-                    break
-                rate /= self.rules.rate_step
-                first = self.measure(k, rate, phase)
-                if not first.passed:
-                    continue
-                ok, runs = self.verdict_at(k, rate, phase, [first])
-                if ok:
-                    best = self._score(k, rate, runs, True)
-                    break
+            return self._bracketed(k, rate, best, phase)
+        for _ in range(self.rules.max_steps_down):
+            if self.budget_left <= 0:
+                break
+            rate /= self.rules.rate_step
+            first = self.measure(k, rate, phase)
+            if not first.passed:
+                continue
+            ok, runs = self.verdict_at(k, rate, phase, [first])
+            if ok:
+                best = self._score(k, rate, runs, True)
+                break
+        return best
+
+    def _bracketed(self, k: Knobs, hold: float, best: Score, phase: str) -> Score:
+        step = self.rules.rate_step
+        predicted = self.start_rate(self.cm, k) if self.cm else 0.0
+        miss, factor = None, step
+        tries = [predicted] if predicted > hold * step else []
+        while self.budget_left > 0:
+            if miss is None and tries:
+                rate = tries.pop()
+            elif miss is None:
+                rate, factor = hold * factor, factor * factor  # the next step up is twice as long, in log
+            elif miss / hold > step * 1.001:
+                rate = math.sqrt(hold * miss)
+            else:
+                break
+            ok, runs = self.verdict_at(k, rate, phase)
+            if ok:
+                hold, best = rate, self._score(k, rate, runs, True)
+            else:
+                miss = rate
         return best
 
     def challenge(self, inc: Score, k: Knobs, phase: str = "neighbour") -> Score | None:
