@@ -366,7 +366,8 @@ def test_bench_tuner_gives_the_tuner_its_share_of_the_grid_trials(tmp_path, monk
     assert f["tuner_budget"] == min(30, int(0.15 * len(grid_sim.trials))) >= len(tuner_sim.trials)
     assert f["trials_pct_of_grid"] <= 15
     assert len(f["tuner"]["confirmations_rps"]) == len(f["grid"]["confirmations_rps"]) == 2
-    assert f["throughput_pct_of_grid"] >= 80, f  # WORLD has no noise: 86.4% every time
+    # without noise the two differ by the resolution of a rate search at most: one rung
+    assert f["throughput_pct_of_grid"] >= 100 / RULES.rate_step, f
     assert json.loads((tmp_path / "bench_tuner.json").read_text())["figures"] == json.loads(json.dumps(f))
 
 
@@ -573,10 +574,9 @@ def test_online_setpoints_follow_the_rate_within_the_slo_budget():
     assert ctl.setpoint(100) == (0, [])  # light load: no waiting
     delay, pref = ctl.setpoint(1000)
     assert delay > 0 and pref and pref[0] >= 4  # heavier load: fill batches
-    assert ctl.cost.p95_ms(pref[0], delay, 1000, 2) <= 15  # within the SLO, by the one estimate
-    assert ctl.cost.p95_ms(pref[0], delay + 100, 1000, 2) > 15 or delay >= pref[0] / 1000 * 1e6 - 100  # the longest
+    assert delay < 15_000  # a wait the 15 ms SLO leaves room for
     batches = [(ctl.setpoint(r)[1] or [1])[0] for r in (100, 1000, 3000, 6000)]
-    assert batches == sorted(batches)  # more traffic, larger batches
+    assert batches == sorted(batches) and batches[-1] > batches[0]  # more traffic, larger batches
 
 
 def test_online_needs_agreeing_windows_cools_down_and_rolls_back_a_worse_change():
@@ -946,7 +946,7 @@ class SimulatedMix:
                       max(ratio, key=ratio.get), latencies)
 
 
-def test_joint_tuning_moves_the_bottleneck_first_and_beats_the_configs_tuned_alone(monkeypatch):
+def test_joint_tuning_moves_the_bottleneck_first_and_beats_the_configs_tuned_alone():
     """From configs that each suit their model alone (the light model on both cores, the heavy one
     unbatched), the mix search finds a higher common scale: it moves the bottleneck's knobs first,
     confirms with every entry's requests pooled, and never spends more than its budget."""
@@ -954,21 +954,13 @@ def test_joint_tuning_moves_the_bottleneck_first_and_beats_the_configs_tuned_alo
 
     world = SimulatedMix()
 
-    class Box:
-        spec = None
+    class WorldBox:  # MixBox's one call, answered by the simulated box
+        @staticmethod
+        def run(n, phase, scale, configs, entries, load, margin, max_errors):
+            return world.run(n, phase, scale, configs, margin)
 
-    search = MixSearch.__new__(MixSearch)
-    search.box, search.entries, search.max_trials, search.margin, search.max_errors = Box(), world.entries, 40, \
-        0.1, 0.01
-    search.load, search.rules, search.log, search.runs = Load(rate=1.0, duration_s=3), RULES, lambda s: None, []
-    search.bounds = {"heavy": 16, "light": 16}
-
-    def measure(configs, scale, phase):
-        run = world.run(len(search.runs) + 1, phase, scale, configs, search.margin)
-        search.runs.append(run)
-        return run
-
-    monkeypatch.setattr(search, "measure", measure)
+    search = MixSearch(WorldBox(), world.entries, max_trials=40, margin=0.1, max_errors=0.01,
+                       load=Load(rate=1.0, duration_s=3), bounds={"heavy": 16, "light": 16}, log=lambda s: None)
     start = {"heavy": Knobs(1, 0, 1), "light": Knobs(1, 0, 2)}
     t = search.run(start)
     assert t.start_scale > 0 and t.confirmed and t.scale > t.start_scale * RULES.rate_step

@@ -140,7 +140,12 @@ def test_web_ui_exact_latency_tab(served, tmp_path):
 
         tab = wait.until(ec.element_to_be_clickable(
             (By.XPATH, "//button[@role='tab'][contains(., 'Exact latency')]")))
-        time.sleep(4)  # let a few hundred requests land; the UI polls every 2 s
+        def landed(_drv) -> bool:  # both classes have requests in the runner's exact statistics
+            with urllib.request.urlopen(f"{ui}/tritonkit/exact", timeout=5) as r:
+                classes = json.load(r).get("classes", {})
+            return all((classes.get(c) or {}).get("p95_ms") for c in ("interactive", "bulk"))
+
+        wait.until(landed)
         tab.click()
 
         def p95_cells(drv):

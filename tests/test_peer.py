@@ -67,7 +67,8 @@ def test_model_analyzer_searches_the_kits_repository_within_its_bounds(workdir):
     assert {m["instances"] for m in r["configs"]} == {1}
     assert max(m["max_batch_size"] for m in r["configs"]) <= 8  # the start's 8, then MA's own <= 2
     assert r["winner"] is not None and r["winner"]["p95_ms"] <= 50
-    assert r["search_s"] <= r["wall_s"] <= 150 + 90  # MA is stopped within a minute of its bound
+    assert r["search_s"] <= r["wall_s"]  # its last new measurement lies within its run
+    assert r["stopped"] == "finished" or r["stopped"].startswith("stopped by the kit"), r["stopped"]
     assert (workdir / "ma" / "model_analyzer.json").exists()
 
 

@@ -45,9 +45,11 @@ def test_offline_meets_the_slo_that_the_spec_misses(workdir, probed):
     base, best = log["trials"][log["baseline"]["trial"] - 1], log["best"]  # best: its confirmation runs pooled
     print(json.dumps({"baseline": base, "best": best, "cost_model": log["cost_model"]}, indent=1))
     # The spec's 20 ms wait is a floor no machine gets under; the tuned config beats it by a wide
-    # factor. (Whether the last confirmation passes on a loaded 2-core box is not asserted.)
+    # factor in its confirmation's runs (the median of them; exit 0 says their pooled requests held
+    # the SLO).
     assert not base["passed"] and base["p95_ms"] > 12
-    assert best["passed"] and best["p95_ms"] < base["p95_ms"] / 2
+    confirm = [t for t in log["trials"] if t["phase"] == "confirm" and t["label"] == log["best"]["label"]]
+    assert confirm and sorted(t["p95_ms"] for t in confirm[-3:])[len(confirm[-3:]) // 2] < base["p95_ms"] / 2
     assert best["rate"] == 300
     assert log["trial_count"] <= 12
     assert log["cost_model"]["c_per_ms"] > 0
@@ -134,9 +136,17 @@ def test_refused_candidate_and_killed_server_end_with_the_last_known_good_config
             c.infer("tunable", c.metadata("tunable").random_inputs(1))
 
         pid = server.r.server.proc.pid
-        threading.Timer(1.5, os.kill, (pid, signal.SIGKILL)).start()  # while reloading or measuring
+        send = trials._send
+
+        def killed_first(*a, **kw):  # the server dies as the trial's load starts, not at a time
+            os.kill(pid, signal.SIGKILL)
+            server.r.server.proc.wait(30)
+            return send(*a, **kw)
+
+        trials._send = killed_first
         killed = trials.run(replace(good, delay_us=8000), trials.open_load(100), "killed")
-        assert killed.note in ("tritonserver died during the trial", "tritonserver died while loading it")
+        trials._send = send
+        assert killed.note == "tritonserver died during the trial", killed.note
         assert not killed.passed
         assert server.alive() and server.r.server.proc.pid != pid  # restarted ...
         assert cfg.read_text() == good_text  # ... with the last-known-good config

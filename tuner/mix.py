@@ -163,6 +163,17 @@ class MixBox:
     def keep(self) -> None:
         self.good = dict(self.current)
 
+    def run(self, n: int, phase: str, scale: float, configs: Configs, entries: list[Entry], load: Load,
+            margin: float, max_errors: float) -> MixRun:
+        """`configs` in force, the mix sent at `scale`, and the run judged; a refused config is a run
+        that holds nothing (the last good configs serve again)."""
+        if self.apply(configs):
+            return MixRun(n, phase, scale, {m: k.label() for m, k in configs.items()}, {}, False, None)
+        sent = send_mix(self.r.endpoints.grpc, entries, scale, load)
+        run = judge_run(n, phase, scale, configs, entries, sent, margin, max_errors)
+        self.keep()
+        return run
+
     def _reload(self, models: list[str]) -> None:
         pipelines = [p.name for p in self.spec.pipelines if any(s.model in models for s in p.steps)]
         for name in [*models, *pipelines]:
@@ -182,14 +193,18 @@ class MixTuning:
 
 
 class MixSearch:
+    """`box` puts configs in force and measures the mix (`MixBox.run`); `bounds`: each model's
+    largest max batch (default: the box's spec, by the memory plan)."""
+
     def __init__(self, box: MixBox, entries: list[Entry], *, max_trials: int, margin: float, max_errors: float,
-                 load: Load, rules: Rules = RULES, log: Callable[[str], None] = print):
+                 load: Load, rules: Rules = RULES, bounds: dict[str, int] | None = None,
+                 log: Callable[[str], None] = print):
         self.box, self.entries, self.max_trials, self.margin, self.max_errors = box, entries, max_trials, margin, \
             max_errors
         self.load, self.rules, self.log = load, rules, log
         self.runs: list[MixRun] = []
-        self.bounds = {m: max(1, max_batch_bound(box.spec, m)) if box.spec.model(m).max_batch_size else 0
-                       for m in models_of(entries)}
+        self.bounds = bounds or {m: max(1, max_batch_bound(box.spec, m)) if box.spec.model(m).max_batch_size else 0
+                                 for m in models_of(entries)}
 
     @property
     def left(self) -> int:
@@ -197,15 +212,8 @@ class MixSearch:
         return self.max_trials - len(self.runs) - 2 * self.rules.runs
 
     def measure(self, configs: Configs, scale: float, phase: str) -> MixRun:
-        refused = self.box.apply(configs)
-        if refused:
-            run = MixRun(len(self.runs) + 1, phase, scale, {m: k.label() for m, k in configs.items()}, {}, False,
-                         None)
-        else:
-            sent = send_mix(self.box.r.endpoints.grpc, self.entries, scale, self.load)
-            run = judge_run(len(self.runs) + 1, phase, scale, configs, self.entries, sent, self.margin,
-                            self.max_errors)
-            self.box.keep()
+        run = self.box.run(len(self.runs) + 1, phase, scale, configs, self.entries, self.load, self.margin,
+                           self.max_errors)
         self.runs.append(run)
         shown = ", ".join(f"{n} {_ms(f['p95_ms'])}/{f['slo_ms']:g} ms" + (f" err {f['error_ratio']:.1%}"
                                                                          if f["error_ratio"] else "")
