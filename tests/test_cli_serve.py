@@ -158,12 +158,16 @@ def test_infer_without_a_server_says_how_to_start_one(tmp_path):
 
 
 def test_demo_finishes_and_batches(tmp_path, probed):
-    """`make demo`'s job on a small copy of the default spec: batches above 1 in Triton's stats, and
-    a burst the batcher never stalls on (a stall is a request held ~500 ms, docs/overload.md)."""
+    """`make demo`'s job on a small copy of the default spec, the demo's one whole run in the suite:
+    batches above 1 in Triton's stats, a burst the batcher never stalls on (a stall is a request
+    held ~500 ms, docs/overload.md), and deploy.yaml parsed once for all seven steps."""
+    from tritonkit import spec as spec_module
+
     root = Path(__file__).resolve().parent.parent
     spec = (root / "deploy.yaml").read_text()
     (tmp_path / "deploy.yaml").write_text(spec)
-    env = {k: v for k, v in os.environ.items()}
+    trace = tmp_path / "parses.log"
+    env = {**os.environ, spec_module.TRACE_ENV: str(trace)}
     res = tritonkit("demo", "--spec", "deploy.yaml", "--repo", "repo", "--state-dir", "state",
                     "--requests", "600", "--concurrency", "16", "--seconds", "1", "--tune-trials", "9",
                     cwd=tmp_path, env=env, timeout=600)
@@ -181,3 +185,4 @@ def test_demo_finishes_and_batches(tmp_path, probed):
             if ln.strip().startswith(("kept ", "before ", "after "))}
     assert list(rows) in (["kept"], ["before", "after"]), res.stdout
     assert rows.get("before") != rows.get("after") or "kept" in rows
+    assert len(trace.read_text().splitlines()) == 1  # one parse at the command's boundary

@@ -1,8 +1,9 @@
 """Each command parses deploy.yaml once, at its boundary, and hands the resolved spec to its stages.
 
 `configs`, `validate` and `build` run in-process through `tritonkit.cli.main` and read the parse
-counter; `serve`, `tune` and `demo` run as the console script with TRITONKIT_TRACE_PARSES, which
-makes every parse append a line to a file. All of them go the real command path."""
+counter; `serve` and `tune` run as the console script with TRITONKIT_TRACE_PARSES, which makes
+every parse append a line to a file (the demo's count is checked by its one whole run,
+tests/test_cli_serve.py). All of them go the real command path."""
 
 from __future__ import annotations
 
@@ -93,16 +94,3 @@ def test_tune_after_build_on_a_batch_1_export_succeeds_and_parses_once(workdir, 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert (workdir / "tuned.yaml").is_file() and "wrote" in done.stdout
     assert _count(trace) == 1
-
-
-@pytest.mark.server
-def test_demo_parses_once(workdir, probed):
-    """The demo runs steps 1-6 (configs, serve, burst, Locust, sweep) and is interrupted once the
-    tuner (step 7) has started: the tuner's own parse count is the `tune` test's. Ctrl-C there
-    puts the pre-tuning config back and exits 130."""
-    write_spec(workdir, SMALL)
-    out = _run_until(workdir, ["demo", "--spec", "deploy.yaml", "--repo", "repo", "--state-dir", "state",
-                               "--out", "out", "--requests", "50", "--concurrency", "4", "--seconds", "1"],
-                     "trial   1", signal.SIGINT)
-    assert "== 7/7 tune" in out and "report: " in out
-    assert _count(workdir / "parses.log") == 1
