@@ -71,7 +71,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
     elif a.what == "remote":
         rounds = 3 if a.rounds is None else a.rounds
         raise_flag_problems([("--rounds", rounds >= 1, "judge at least once, e.g. 3")])
-        run_remote_bench(a.out / "remote", rounds=rounds, seconds=a.seconds, max_trials=a.max_trials, log=say)
+        raise_flag_problems([("--bystander-rps", a.bystander_rps >= 0, "give a rate of 0 or more, e.g. 50")])
+        run_remote_bench(a.out / "remote", rounds=rounds, seconds=a.seconds, max_trials=a.max_trials,
+                         bystander_rps=a.bystander_rps, log=say)
         say(f"wrote {a.out / 'remote' / 'bench_remote.json'}")
     elif a.what == "floor":
         s = TuneSettings(p95_ms=a.p95_ms)
@@ -175,6 +177,8 @@ def register(sub) -> None:
                          "instead of a new search")
     sp.add_argument("--ma-wall-s", type=float, default=MA_WALL_S,
                     help="peer: stop Model Analyzer after this many seconds (default: %(default)g)")
+    sp.add_argument("--bystander-rps", type=float, default=50.0,
+                    help="remote: the steady load on the server's second model during the remote tune (0: idle)")
     sp.add_argument("--out", type=Path, default=Path("out/bench"))
     sp.add_argument("--seconds", type=float, default=5.0, help="steady window of each run")
     sp.add_argument("--users", type=int, default=16, help="closed-loop clients for the capacity runs")

@@ -37,8 +37,8 @@ BYSTANDER_RPS = 50.0  # a light steady load: what the shadow copy must not distu
 class SteadyLoad:
     """One client sending `rps` requests a second to a model until stopped, counting every failure."""
 
-    def __init__(self, url: str, model: str, rps: float):
-        self.url, self.model, self.gap = url, model, 1.0 / rps
+    def __init__(self, url: str, model: str, rps: float | None):
+        self.url, self.model, self.gap = url, model, 1.0 / rps if rps else None
         self.ok, self.failed = 0, []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -54,12 +54,14 @@ class SteadyLoad:
                     self.failed.append(str(e)[:200])
 
     def __enter__(self) -> SteadyLoad:
-        self._thread.start()
+        if self.gap:  # no rate: no load
+            self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join(30)
+        if self.gap:
+            self._thread.join(30)
 
 
 def write_spec(folder: Path, bystander: bool) -> Path:
@@ -77,18 +79,20 @@ def write_spec(folder: Path, bystander: bool) -> Path:
 
 
 def run_remote_bench(out_dir: Path, *, rounds: int = 3, seconds: float = 5.0, max_trials: int = 30,
-                     log: Callable[[str], None] = print) -> dict:
+                     bystander_rps: float = BYSTANDER_RPS, log: Callable[[str], None] = print) -> dict:
+    """`bystander_rps` 0: the second model is served but idle, so the remote tune measures what the
+    local ones do and only the path differs."""
     out_dir = Path(out_dir).resolve()
     served_path = write_spec(out_dir / "served", bystander=True)
     repo = out_dir / "served" / "repo"
     generate(load_spec(served_path, repo), repo)
     sides: dict[str, dict] = {}
     entrants: list[Entrant] = []
-    log("==== remote: tune --url against a running server, a second model under steady load")
+    log(f"==== remote: tune --url against a running server, a second model at {bystander_rps:g} req/s")
     with running(load_spec(served_path), repo, out_dir / "served" / "state") as r:
         with r.client() as c:
             before = c.config(MODEL)
-        with SteadyLoad(r.endpoints.grpc, BYSTANDER, BYSTANDER_RPS) as load:
+        with SteadyLoad(r.endpoints.grpc, BYSTANDER, bystander_rps or None) as load:
             t0 = time.perf_counter()
             tuned = tune_remote(load_spec(served_path, None, check_onnx=False), MODEL, r.endpoints.grpc,
                                 out_dir / "tune_remote", headers=r.endpoints.key_headers,
@@ -97,8 +101,9 @@ def run_remote_bench(out_dir: Path, *, rounds: int = 3, seconds: float = 5.0, ma
             took = time.perf_counter() - t0
         with r.client() as c:
             unchanged = c.config(MODEL) == before and not c.model_ready(MODEL + "__tune")
-    sides["remote"] = _side(tuned, took) | {"bystander_ok": load.ok, "bystander_failed": len(load.failed),
-                                            "bystander_errors": load.failed[:5], "served_config_unchanged": unchanged}
+    sides["remote"] = _side(tuned, took) | {
+        "bystander_rps": bystander_rps, "bystander_ok": load.ok, "bystander_failed": len(load.failed),
+        "bystander_errors": load.failed[:5], "served_config_unchanged": unchanged}
     entrants.append(_entrant("remote", tuned))
     local_path = write_spec(out_dir / "local", bystander=False)
     for engine in ("perf_analyzer", "asyncio"):
@@ -142,6 +147,7 @@ def format_remote(r: dict) -> str:
         lines.append(f"{name:<22}{s['tune_s']:>7.0f}{s['trials']:>7}{s['generator_limited']:>8}  {s['winner']:<34}"
                      f"{s['claim_rps'] or 0:>7.0f}{j.get('rps') or 0:>8.0f}  {rounds}")
     rem = r["sides"]["remote"]
-    lines.append(f"bystander during the remote tune: {rem['bystander_ok']} ok, {rem['bystander_failed']} failed; "
+    lines.append(f"bystander during the remote tune ({rem['bystander_rps']:g} req/s): {rem['bystander_ok']} ok, "
+                 f"{rem['bystander_failed']} failed; "
                  f"served config unchanged after it: {rem['served_config_unchanged']}")
     return "\n".join(lines)
