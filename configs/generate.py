@@ -19,13 +19,14 @@ from tritonkit import onnx_io
 from tritonkit.build_engines import gpu
 from tritonkit.build_engines.artifacts import serving_batch, serving_problems
 from tritonkit.configs.loader import check
+from tritonkit.configs.overlay import set_batching
 from tritonkit.configs.pipelines import ensemble_steps, wires_of
 from tritonkit.errors import InputError, Problem
 from tritonkit.files import copy_file_atomic, write_bytes_atomic
 from tritonkit.input_rules import PARAMETER, InputRule, rules_parameter
 from tritonkit.inputs import Sampler
 from tritonkit.server import find_install
-from tritonkit.spec import ModelSpec, PipelineSpec, QueuePolicy, Spec, TensorSpec
+from tritonkit.spec import ModelSpec, PipelineSpec, Spec, TensorSpec
 
 VERSION = "1"  # one served version per model; the repository is regenerated, not versioned by hand
 RUNNER_FILE = "runner_model.py"
@@ -83,15 +84,6 @@ def resolve(spec: Spec, m: ModelSpec, target: str = "local", out: Path | None = 
                          onnx_io.merged(m.outputs, io.outputs, batched), max_batch, profiles)
 
 
-def _queue_policy(p: QueuePolicy) -> mc.ModelQueuePolicy:
-    return mc.ModelQueuePolicy(
-        timeout_action=mc.ModelQueuePolicy.TimeoutAction.Value(p.timeout_action),
-        default_timeout_microseconds=p.default_timeout_us,
-        allow_timeout_override=p.allow_timeout_override,
-        max_queue_size=p.max_queue_size,
-    )
-
-
 def input_rules(r: ResolvedModel) -> list[InputRule]:
     """What requests to this model may carry, from the resolved inputs; the config carries it as
     the `tritonkit_inputs` parameter (tritonkit/inputs.py)."""
@@ -147,19 +139,7 @@ def build_config(r: ResolvedModel) -> mc.ModelConfig:
     rules = input_rules(r)
     cfg.parameters[PARAMETER].string_value = rules_parameter(rules)
 
-    b = m.batching
-    if b.enabled and m.max_batch_size > 0:
-        db = cfg.dynamic_batching
-        db.SetInParent()  # an empty dynamic_batching {} still turns the batcher on
-        db.preferred_batch_size.extend(b.preferred_batch_sizes)
-        db.max_queue_delay_microseconds = b.max_queue_delay_us
-        db.preserve_ordering = b.preserve_ordering
-        db.priority_levels = b.priority_levels
-        db.default_priority_level = b.default_priority
-        if b.default_queue_policy:
-            db.default_queue_policy.CopyFrom(_queue_policy(b.default_queue_policy))
-        for level, pol in sorted(b.priority_queue_policies.items()):
-            db.priority_queue_policy[level].CopyFrom(_queue_policy(pol))
+    set_batching(cfg, m)
 
     kind = m.instances.kind
     if kind == "auto":

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -16,7 +15,8 @@ import pytest
 from google.protobuf import json_format
 
 from tests.conftest import tritonkit, write_spec
-from tritonkit.clients import Client, TritonRequestError
+from tritonkit.benchmarks.remote import SteadyLoad
+from tritonkit.clients import Client
 from tritonkit.configs.generate import generate
 from tritonkit.configs.loader import load_spec
 from tritonkit.server import _stub_env, find_install, free_port, prepare_backends
@@ -121,40 +121,11 @@ def test_a_server_without_explicit_model_control_is_refused(server, tmp_path):
         os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
 
 
-class SteadyLoad:
-    """A model of the same server under a steady stream of requests while the tune runs."""
-
-    def __init__(self, url: str, model: str):
-        self.url, self.model = url, model
-        self.ok, self.failed = 0, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with Client(self.url) as c:
-            inputs = c.metadata(self.model).random_inputs(1)
-            while not self._stop.is_set():
-                try:
-                    c.infer(self.model, inputs)
-                    self.ok += 1
-                except TritonRequestError as e:
-                    self.failed.append(str(e))
-                time.sleep(0.01)
-
-    def __enter__(self) -> SteadyLoad:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-
 def test_tune_runs_on_a_shadow_copy_and_leaves_live_traffic_alone(server, tmp_path):
     before = served_config(server)
     with server.client() as c:
         live_before = c.statistics("remote_mlp")["inference_stats"]["success"]["count"]
-    with SteadyLoad(server.endpoints.grpc, "bystander") as load:
+    with SteadyLoad(server.endpoints.grpc, "bystander", 100) as load:
         r = tritonkit(*tune_args(server, "--max-trials", "14", "--max-trial-s", "1", out=tmp_path / "out"),
                       env=server.env, timeout=600)
     assert r.returncode in (0, 1), r.stdout + r.stderr  # 1: nothing confirmed on a busy machine
