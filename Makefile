@@ -19,9 +19,10 @@ help:
 	@echo "make loadtest  measure MODEL at RATE req/s (exact percentiles, server breakdown) into out/loadtest"
 	@echo "make loadtest-ui  Locust web UI on :8089 against the served model (MODEL=edge_mlp; make serve first)"
 	@echo "make sweep     batch-size sweep of MODEL at RATE req/s: CSV, JSON, plots, report in out/sweep"
-	@echo "make bench     benchmarks as ratios: serving vs raw ONNX Runtime, footprint, load generators (Locust,"
-	@echo "              asyncio, perf_analyzer), overload (spec and tuned config at 0.8x/1.5x/3x), tuner vs grid,"
-	@echo "              Model Analyzer vs the spec judged by perf_analyzer, edge/cloud routing, into out/bench"
+	@echo "make bench     8 of the 12 benchmarks, as ratios, into out/bench (over an hour on 2 cores): serving,"
+	@echo "              footprint, generators, overload, floor, tuner, peer, routing. The other four run Model"
+	@echo "              Analyzer or many whole tunings; run each on its own: tritonkit bench versus, tritonkit"
+	@echo "              bench mix, tritonkit bench remote, tritonkit bench ablation (docs/benchmarks.md)"
 	@echo "make tune      tune MODEL's config from measured P95 (trials, report, tuned.yaml) into out/tune"
 	@echo "make deploy    build engines (GPU), generate configs, helm upgrade --install into the current kube context"
 	@echo "              (DRY_RUN=1: only render and check the manifests, into out/deploy; TUNE=1: also run the chart's"
@@ -74,9 +75,13 @@ loadtest: $(STAMP) $(SAMPLE)
 sweep: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit sweep --spec $(SPEC) --repo $(REPO) --model $(MODEL) --rate $(RATE) --duration $(DURATION)
 
-# The tuner's bench runs an exhaustive grid as well: about half an hour on 2 cores. The floor bench
-# first measures how closely one config's figure agrees with itself here (about ten minutes); the peer
-# bench runs Model Analyzer's quick search (at most 15 minutes) and judges its winner.
+# 8 of the 12 benchmarks (docs/benchmarks.md), over an hour on 2 cores. The tuner's bench runs an
+# exhaustive grid as well (about half an hour); the floor bench measures how closely one config's
+# figure agrees with itself here (about ten minutes); the peer bench runs Model Analyzer's quick
+# search (at most 15 minutes) and judges its winner. Left out, each run on its own as
+# `tritonkit bench NAME --out out/bench`: versus (Model Analyzer and the tuner on four cases, about
+# an hour), mix (three models tuned alone and together, 25 minutes), remote (three whole tunings and
+# the judge), ablation (the tuner's rules switched off; --case and --real need real tunings).
 bench: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit bench serving --out out/bench
 	$(BIN)/tritonkit bench footprint --out out/bench
