@@ -130,7 +130,7 @@ class Search:
         # clients, its most executed batch size, that size's mean compute ms)
         self.reference: tuple[Knobs, int, int, float] | None = None
         # the most the calibration's closed loop got through: no open-loop rate above it is offered
-        # first, as the client and the server share the machine (predicted rates ran 1.7x past it)
+        # first, as the client and the server share the machine (`Rules.ceiling`)
         self.ceiling = 0.0  # 0: not calibrated
 
     @property
@@ -352,9 +352,8 @@ class Search:
         log(f"== start: {start.label()} (predicted {predicted:.1f})")
         incumbent = baseline
         if start != baseline_knobs:
-            # the start must beat the baseline as any neighbour must (screened at the baseline's
-            # rate, then paired): a search of its own from the model's guess cost 7 trials to
-            # find a rate the baseline had already measured
+            # the start must beat the baseline as any neighbour must (at the rung above the
+            # baseline's rate): a rate search of its own would measure what the baseline's did
             incumbent = self.challenge(baseline, start, "start") or baseline
         log("== hill climbing")
         tried = {baseline.knobs, start}
@@ -511,8 +510,8 @@ def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: boo
 
 def confirmation_verdict(runs: list[Trial], objective: Objective, rules: Rules = RULES) -> bool | None:
     """A confirmation's verdict at one rate: the runs pooled against the SLO, and their errors
-    against `rules.error_margin` of the bound (refusals come in bursts: confirmations at up to the
-    whole 1% bound refused 1.8-2.0% in the 30 s load tests that checked them). Without pooling,
+    against `rules.error_margin` of the bound (refusals come in bursts, so three short runs within
+    the whole bound promise less than a long load test meets). Without pooling,
     the majority of the runs, each against the SLO."""
     max_errors = objective.max_error_ratio * rules.error_margin
     if not rules.pooled:

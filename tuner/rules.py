@@ -29,7 +29,7 @@ class Rules:
     rate_step: float = 1.15  # the rate ladder: the resolution of a throughput figure
     max_steps_down: int = 5  # a config that fails 2x below its first rate is not worth more trials
     # no first rate above what the calibration's closed loop got through: the client shares the
-    # machine with the server (predicted rates ran 1.7x past it on an overhead-bound model)
+    # machine with the server, which a rate predicted from compute times alone leaves out
     ceiling: bool = True
 
     # -- noise (tuner/noise.py) ------------------------------------------------------------------
@@ -45,8 +45,8 @@ class Rules:
     # -- what is promised ------------------------------------------------------------------------
     slo_margin: float = 0.1  # share of the SLO every trial holds back, for a minute 10% slower
     pooled: bool = True  # a confirmation pools its runs' requests (False: the majority of its runs)
-    # a traffic mix is confirmed over as long as the load test it promises: its P95s ran about 10%
-    # higher in 30 s load tests than in the 3 s runs of a confirmation that had just held
+    # a traffic mix is confirmed over as long as the load test it promises: a long load test meets
+    # slower minutes that a few short runs miss (docs/benchmarks.md, "A traffic mix")
     mix_confirm_s: float = 30.0
     mix_run_s: float = 3.0  # one run of a whole traffic mix while searching
     over_share: float = 0.05  # a P95 lets this share of the requests exceed it

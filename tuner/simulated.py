@@ -188,22 +188,3 @@ class TrueWorldTrials(SimulatedTrials):
         t.ok_rps = load.rate if t.p95_ms is not None else 0.0
         t.passed = meets(t.p95_ms, self.target_p95_ms, t.error_ratio, 0.01)
         return with_latencies(t)
-
-
-class NoisySimulatedTrials(SimulatedTrials):
-    """WORLD on a shared machine: every open-loop P95 is multiplied by a slow drift of the machine
-    (a first-order autoregression, so neighbouring runs are alike) and by each run's own noise,
-    lognormal, as measured on this box (the same config at the same rate: 19.9 to 30.5 ms)."""
-
-    def __init__(self, seed: int, target_ms: float, spread: float = 0.15, drift: float = 0.05):
-        super().__init__()
-        self.rng, self.target_ms, self.spread, self.drift, self.level = \
-            np.random.default_rng(seed), target_ms, spread, drift, 0.0
-
-    def run(self, k: Knobs, load: Load, phase: str, classes=None) -> Trial:
-        t = super().run(k, load, phase)
-        if load.rate is not None and t.p95_ms is not None:
-            self.level = 0.7 * self.level + self.drift * self.rng.normal()
-            t.p95_ms = round(t.p95_ms * math.exp(self.level + self.spread * self.rng.normal()), 3)
-            t.passed = t.p95_ms <= self.target_ms and t.error_ratio <= 0.01
-        return with_latencies(t)
