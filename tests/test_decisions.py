@@ -545,6 +545,9 @@ class ModelControl:
     def config(self, model: str) -> mc.ModelConfig:
         return self.cfg
 
+    def live(self) -> bool:
+        return True
+
     def load(self, model: str, cfg: mc.ModelConfig, files: dict | None = None) -> None:
         self.loads += 1
         self.cfg = cfg

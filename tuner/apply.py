@@ -7,8 +7,10 @@ the tuner bench (through the trials) and the online sidecar:
 - `LiveConfig` works from the spec: a candidate is a spec variant (`Knobs.apply`), written by
   `configs.generate` (every rule checked, atomic write, `.last-good` kept) and loaded from the
   repository. Used where the kit owns the repository (offline tuning, the sweep).
-- `load_verified` is the reload-and-verify step on its own, for a ModelConfig: the online sidecar
-  loads its candidate through the API (it may have no repository), then writes it if it has one.
+- The target says where a config goes (`ConfigTarget`): the kit's repository (`Repository`), the
+  API of a server the kit did not start (`tuner.remote.ThroughApi`, a shadow copy or in place), or
+  a ModelConfig loaded as it is (`AsServed`: the online sidecar, which may have no repository).
+- `load_verified` is the reload-and-verify step every target ends with.
 
 "Last-known-good" is the last config that loaded, matched what was asked, and served.
 """
@@ -19,11 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonkit.clients import Client, TritonRequestError
 from tritonkit.configs.generate import generate, parse
 from tritonkit.errors import ServerError
+from tritonkit.files import write_bytes_atomic
 from tritonkit.serving import Running
 from tritonkit.spec import Spec
 from tritonkit.tuner.knobs import Knobs
@@ -115,9 +119,43 @@ class Repository:
         self.server.r.load(self.model)
 
 
+class AsServed:
+    """A ConfigTarget for configs that are ModelConfigs, loaded through the API as they are (the online
+    sidecar, which changes the served config in place); with `persist`, an accepted one is also
+    written to the model's file in that repository, so that a restart keeps it."""
+
+    def __init__(self, client: Client, model: str, persist: Path | None = None):
+        self.client, self.served_name, self.persist = client, model, persist
+
+    def put(self, cfg: mc.ModelConfig) -> None:
+        load_verified(self.client, self.served_name, cfg, override=True)
+        if self.persist is not None:
+            write_bytes_atomic(Path(self.persist) / self.served_name / "config.pbtxt",
+                               text_format.MessageToString(cfg).encode(), keep_previous=True)
+
+    put_back = put
+
+
+class Reached:
+    """A LiveServer reached through a client only: someone else started it, so it is not restarted here."""
+
+    r = None
+
+    def __init__(self, client: Client):
+        self.client = client
+
+    def alive(self, grace_s: float = 0.0) -> bool:
+        return self.client.live()
+
+    def restart(self) -> None:
+        raise ServerError("the server stopped answering; it is not the kit's to restart")
+
+
 class LiveConfig:
     """The config of one model of a live server, changed only through `apply` and `restore`: the
-    one owner of what is in force and of the last-known-good config."""
+    one owner of what is in force and of the last-known-good config. What a config is depends on
+    the target: a spec variant (the kit's repository, `tuner.remote.ThroughApi`) or a ModelConfig
+    (`AsServed`, the online sidecar)."""
 
     def __init__(self, server: LiveServer, spec: Spec, repo: Path | None, model: str,
                  log: Callable[[str], None] = lambda s: None, target: ConfigTarget | None = None):

@@ -11,7 +11,8 @@ Why statistics and not the summary quantiles: Triton's summary P95 covers a long
 half a minute of light load it still reported the 62 ms of the overload before it, so it cannot
 tell whether the last change helped. The mean latency of one window, from statistics deltas, can.
 
-Changes go through `tuner.apply.load_verified` (reload through the API, check what Triton reports).
+Changes go through `tuner.apply.LiveConfig` (reload through the API, check what Triton reports,
+the last-known-good config back on a refusal or a rollback).
 Guardrails: a change only when the setpoint differs by a clear factor for several windows in a
 row (hysteresis), a cool-down after each change, one change in flight, and a rollback when the
 window after a change is worse (higher mean latency at a similar rate, or more failures).
@@ -29,16 +30,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tritonkit.clients import Client, TritonRequestError
-from tritonkit.errors import ServerError
+from tritonkit.clients import Client
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.loadtests.server_stats import breakdown
 from tritonkit.spec import Spec
-from tritonkit.tuner.apply import load_verified
+from tritonkit.tuner.apply import AsServed, LiveConfig, Reached
 from tritonkit.tuner.costmodel import CostModel, batch_for_rate, batch_points, delay_for, fit
 from tritonkit.tuner.settings import TuneSettings, slo_for
 
@@ -93,10 +92,16 @@ class Controller:
                  repo: Path | None, log: Callable[[str], None]):
         self.c, self.model, self.slo, self.s, self.repo, self.log = client, model, slo_p95_ms, settings, repo, log
         self.state = OnlineState()
-        self.config = client.config(model)
+        # what is in force and what served last: the change in flight is kept once it is judged
+        self.live = LiveConfig(Reached(client), client.config(model), repo, model, log,
+                               target=AsServed(client, model, repo))
         self.max_batch = self.config.max_batch_size
         self.instances = sum(g.count for g in self.config.instance_group) or 1
         self.cost: CostModel | None = None
+
+    @property
+    def config(self) -> mc.ModelConfig:
+        return self.live.current
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -168,11 +173,10 @@ class Controller:
         after.dynamic_batching.max_queue_delay_microseconds = delay
         del after.dynamic_batching.preferred_batch_size[:]
         after.dynamic_batching.preferred_batch_size.extend(preferred)
-        if self._apply(after):
-            st.in_flight = Change(self._copy(self.config), w)
+        before = self.config
+        if self.live.apply(after) is None:
+            st.in_flight = Change(before, w)
             st.last_change_t, st.changes = now_t, st.changes + 1
-            before = self.config
-            self.config = after
             w.action = (f"set delay {before.dynamic_batching.max_queue_delay_microseconds} -> {delay} us, "
                         f"preferred {preferred} at {w.rate:.0f} req/s")
             self.log(f"  [{n}] {w.action}")
@@ -185,40 +189,17 @@ class Controller:
         worse_errors = w.error_ratio > ref.error_ratio + 0.01
         if worse_latency or worse_errors:
             why = "mean latency" if worse_latency else "failures"
-            if self._apply(change.before):
-                self.config = change.before
+            self.live.restore()
             self.state.rollbacks += 1
             self.state.frozen_until = now_t + 2 * self.s.cooldown_s
             w.action = f"rolled back: {why} got worse ({ref.mean_ms} -> {w.mean_ms} ms, " \
                        f"errors {ref.error_ratio:.1%} -> {w.error_ratio:.1%})"
             self.log(f"  [{len(self.state.windows) - 1}] {w.action}")
         else:
+            self.live.keep()
             w.action = "kept the change"
 
     # -- applying ------------------------------------------------------------------------------
-
-    @staticmethod
-    def _copy(cfg: mc.ModelConfig) -> mc.ModelConfig:
-        out = mc.ModelConfig()
-        out.CopyFrom(cfg)
-        return out
-
-    def _apply(self, cfg: mc.ModelConfig) -> bool:
-        """Put `cfg` in force through `tuner.apply` (reload through the API, then check what Triton
-        reports); on refusal the config in force stays (and is reloaded)."""
-        try:
-            load_verified(self.c, self.model, cfg, override=True)
-        except (TritonRequestError, ServerError) as e:
-            self.log(f"  Triton refused the change ({str(e)[:200]}); keeping the config in force")
-            try:
-                load_verified(self.c, self.model, self.config, override=True)
-            except (TritonRequestError, ServerError) as again:
-                raise ServerError(f"{self.model} could not be reloaded with its config in force: {again}") from None
-            return False
-        if self.repo is not None:  # so that a restart keeps what was accepted
-            write_bytes_atomic(Path(self.repo) / self.model / "config.pbtxt",
-                               text_format.MessageToString(cfg).encode(), keep_previous=True)
-        return True
 
 
 def run_online(spec: Spec, model: str, url: str, settings: OnlineSettings, *,
@@ -248,7 +229,7 @@ def run_online(spec: Spec, model: str, url: str, settings: OnlineSettings, *,
                 before, last = after, now
         except KeyboardInterrupt:
             if ctl.state.in_flight is not None:  # a change not yet judged is not known to be good
-                ctl._apply(ctl.state.in_flight.before)
+                ctl.live.restore()
                 log("interrupted: the change being judged was rolled back")
     if out_dir is not None:
         write_online_log(Path(out_dir), model, slo, ctl.state)
