@@ -20,8 +20,8 @@ from tritonkit.benchmarks.judge import Entrant, judge
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.spec import Spec
+from tritonkit.stats import relative_range
 from tritonkit.tuner.knobs import from_spec
-from tritonkit.tuner.noise import spread_of
 from tritonkit.tuner.settings import TuneSettings, slo_for
 
 FIGURE_ROUNDS = 3  # a `bench tuner` figure is the median of its judge's three rounds
@@ -53,7 +53,7 @@ def floor_figures(rps: list[float]) -> dict:
               for i in range(0, len(rps) - FIGURE_ROUNDS + 1, FIGURE_ROUNDS)]
 
     def spread(xs: list[float]) -> float | None:
-        return None if (s := spread_of(xs)) is None else round(s, 3)
+        return None if (s := relative_range(xs)) is None else round(s, 3)
 
     return {"rounds_rps": [round(x, 1) for x in rps], "median_rps": statistics.median(rps) if rps else None,
             "spread": spread(rps), "medians_of_3": [round(x, 1) for x in threes], "medians_of_3_spread": spread(threes)}

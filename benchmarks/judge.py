@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritonkit.configs.generate import generate
-from tritonkit.loadtests.load import Load, Outcome, generator_health
+from tritonkit.loadtests.load import Load, Outcome, run_figures
 from tritonkit.loadtests.measure import send_cheapest
 from tritonkit.serving import running
-from tritonkit.slo import meets
+from tritonkit.slo import ERROR_BOUND, meets
 from tritonkit.spec import ModelSpec, ServerSpec, Spec
-from tritonkit.stats import percentile
+from tritonkit.stats import relative_range
 
 JUDGE_STEP = 1.05  # the figure's resolution: two configs differ by what they hold, not by a coarse rung
 START_ABOVE = 1.15  # the ladder starts this far above the highest claim, so a figure is an edge, not a claim
@@ -81,9 +81,9 @@ def served_side_by_side(spec: Spec, model: str, entrants: list[Entrant], work: P
         yield r.endpoints.grpc
 
 
-def judge(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, p95_ms: float, max_errors: float = 0.01,
-          rounds: int = 3, seconds: float = 5.0, floor_rps: float | None = None, climb_limit: float = CLIMB_LIMIT,
-          log: Callable[[str], None] = print) -> dict:
+def judge(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, p95_ms: float,
+          max_errors: float = ERROR_BOUND, rounds: int = 3, seconds: float = 5.0, floor_rps: float | None = None,
+          climb_limit: float = CLIMB_LIMIT, log: Callable[[str], None] = print) -> dict:
     """Each entrant's sustained rate under the SLO, `rounds` times, by the rule above; an entrant
     that holds nothing down to `floor_rps` (default: FLOOR_BELOW under its own claim) scores 0."""
     runs: list[Run] = []
@@ -105,7 +105,7 @@ def judge(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, p95_ms
 
 
 def judge_at_rate(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, rps: float, p95_ms: float,
-                  max_errors: float = 0.01, rounds: int = 3, seconds: float = 5.0,
+                  max_errors: float = ERROR_BOUND, rounds: int = 3, seconds: float = 5.0,
                   log: Callable[[str], None] = print) -> dict:
     """For a latency objective: each entrant's P95 at the fixed rate `rps`, one run per round, the
     entrants interleaved; a run with more errors than the budget has no P95 (None)."""
@@ -123,7 +123,7 @@ def judge_at_rate(spec: Spec, model: str, entrants: list[Entrant], work: Path, *
         got = [x for x in p95s[e.name] if x is not None]
         median = statistics.median(got) if len(got) == len(p95s[e.name]) else None
         summary[e.name] = {"p95_ms": median, "rounds_p95_ms": p95s[e.name],
-                           "spread": round((max(got) - min(got)) / median, 3) if median and len(got) > 1 else None,
+                           "spread": None if (r := relative_range(got)) is None else round(r, 3),
                            "runs": rounds, "fallback_runs": sum(1 for x in runs if x.entrant == e.name
                                                                 and x.engine == FALLBACK)}
     return {"rps": rps, "p95_ms": p95_ms, "max_errors": max_errors, "rounds": rounds, "seconds": seconds,
@@ -192,14 +192,10 @@ def measure_once(url: str, name: str, entrant: str, rate: float, seconds: float,
 def verdict(out: Outcome, load: Load, entrant: str, engine: str, p95_ms: float, max_errors: float) -> Run:
     """Held: some requests, a P95 within the SLO, errors within the budget, and a generator that
     kept up (a run it could not offer says nothing about the config)."""
-    ok = [s.latency_s * 1e3 for s in out.samples if s.latency_s is not None]
-    n = len(out.samples)
-    p95 = percentile(ok, 95) if ok else None
-    errors = (n - len(ok)) / n if n else 1.0
-    health = generator_health(load, out)
-    held = meets(p95, p95_ms, errors, max_errors) and not health["saturated"]
-    return Run(entrant, round(load.rate, 1), engine, n, round(len(ok) / load.duration_s, 1),
-               None if p95 is None else round(p95, 3), round(errors, 4), held, health["warning"] or "")
+    f = run_figures(load, out)
+    held = meets(f.p95_ms, p95_ms, f.error_ratio, max_errors) and not f.saturated
+    return Run(entrant, round(load.rate, 1), engine, f.requests, round(f.ok_rps, 1),
+               None if f.p95_ms is None else round(f.p95_ms, 3), round(f.error_ratio, 4), held, f.warning or "")
 
 
 def bracket(name: str, capacity: float, measure: Callable[[str, float], Run]) -> float:
@@ -234,7 +230,7 @@ def _summary(e: Entrant, figures: list[float], p95s: list[float | None], runs: l
     mine = [x for x in runs if x.entrant == e.name]
     median = statistics.median(figures) if figures else 0.0
     return {"rps": round(median, 1), "rounds_rps": figures, "p95_ms_at_figure": p95s,
-            "spread": round((max(figures) - min(figures)) / median, 3) if median > 0 and len(figures) > 1 else None,
+            "spread": None if (r := relative_range(figures)) is None else round(r, 3),
             "held_above_start": sum(1 for x in mine if x.held and x.rate > round(start, 1)),
             "runs": len(mine), "fallback_runs": sum(1 for x in mine if x.engine == FALLBACK)}
 

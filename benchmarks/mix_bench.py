@@ -25,6 +25,7 @@ from tritonkit.configs.loader import load_spec
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.load import Load
 from tritonkit.loadtests.results import SCHEMA
+from tritonkit.slo import ERROR_BOUND
 from tritonkit.tuner.knobs import from_spec
 from tritonkit.tuner.mix import Configs, MixSearch, entries_of, format_mix, mix_box, pooled_figures, tune_mix
 from tritonkit.tuner.run import tune_offline
@@ -53,7 +54,7 @@ def run_mix_bench(out_dir: Path, *, engine: str = "perf_analyzer", max_trials: i
     sets = {"alone": alone, "joint": joint.best}
     load = Load(rate=1.0, duration_s=5.0, warmup_s=1.0, drain_s=2.0)
     with mix_box(spec, folder / "repo", folder / "state", entries, log) as box:
-        search = MixSearch(box, entries, max_trials=10**6, margin=0.0, max_errors=0.01, load=load, log=log)
+        search = MixSearch(box, entries, max_trials=10**6, margin=0.0, max_errors=ERROR_BOUND, load=load, log=log)
         top = max(joint.scale, joint.start_scale, 0.1) * START_ABOVE
         log(f"==== the judge: both sets from x{top:.2f} down in {JUDGE_STEP - 1:.0%} steps, {rounds} rounds")
         judged: dict[str, list[float]] = {name: [] for name in sets}
@@ -91,7 +92,7 @@ def run_mix_bench(out_dir: Path, *, engine: str = "perf_analyzer", max_trials: i
                    for name, figs in judged.items()},
         "load_tests": {"scale": round(at, 3), "seconds": load_s, "runs": tests,
                        "held": {name: sum(all(f["p95_ms"] is not None and f["p95_ms"] <= f["slo_ms"]
-                                              and f["error_ratio"] <= 0.01 for f in t.values()) for t in runs)
+                                              and f["error_ratio"] <= ERROR_BOUND for f in t.values()) for t in runs)
                                 for name, runs in tests.items()}},
         "seconds": round(time.perf_counter() - t0, 1),
     }

@@ -33,9 +33,9 @@ from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.server_traits import ServerTraits
 from tritonkit.spec import Spec
+from tritonkit.stats import relative_range
 from tritonkit.tuner.knobs import Knobs, from_spec, grid, powers_of_two
 from tritonkit.tuner.lock import repository_lock
-from tritonkit.tuner.noise import spread_of
 from tritonkit.tuner.offline import Score, Search, confirm
 from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.run import max_batch_bound, objective_for
@@ -150,7 +150,7 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
         return {"best": label, "confirmations_p95_ms": p95s_of[name],
                 "confirmed_rps": s.value if s is not None and s.passed else None,
                 "confirmations_rps": again, "rps": statistics.median(again) if again else None,
-                "spread": None if (sp := spread_of(again)) is None else round(sp, 3),
+                "spread": None if (sp := relative_range(again)) is None else round(sp, 3),
                 "trials": len(trial_list), "seconds": round(seconds, 1)}
 
     t = side(sides["tuner"], tuner_trials.trials, tuner_s, "tuner", tuning.best)

@@ -28,6 +28,7 @@ from tritonkit.configs.loader import load_spec
 from tritonkit.errors import input_error
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
+from tritonkit.slo import ERROR_BOUND
 from tritonkit.tuner.knobs import max_instances
 from tritonkit.tuner.run import max_batch_bound, tune_offline
 from tritonkit.tuner.settings import TuneSettings
@@ -106,7 +107,7 @@ def hold(spec, model: str, entrants: list[Entrant], work: Path, *, loads: int, s
     with served_side_by_side(spec, model, entrants, work, log) as url:
         for i in range(loads):
             for e in entrants[i % len(entrants):] + entrants[:i % len(entrants)]:
-                run = measure_once(url, judged_name(model, e.name), e.name, e.claim_rps, seconds, p95_ms, 0.01)
+                run = measure_once(url, judged_name(model, e.name), e.name, e.claim_rps, seconds, p95_ms, ERROR_BOUND)
                 log(f"   {e.name} {seconds:g} s at {e.claim_rps:.0f} req/s: {run.ok_rps:.0f} served, P95 "
                     f"{run.p95_ms} ms, errors {run.error_ratio:.2%} -> {'holds' if run.held else 'misses'}")
                 out[e.name].append(vars(run))

@@ -188,6 +188,28 @@ class Outcome:
     generator_notes: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class RunFigures:
+    """One run's figures as a verdict reads them: the ok requests' latencies, the P95 of them, the
+    failed share, and whether the generator kept up (a run it could not offer says nothing)."""
+
+    ok_ms: list[float]
+    requests: int
+    p95_ms: float | None
+    error_ratio: float
+    ok_rps: float
+    saturated: bool
+    warning: str | None
+
+
+def run_figures(load: Load, out: Outcome) -> RunFigures:
+    ok = [s.latency_s * 1e3 for s in out.samples if s.latency_s is not None]
+    n = len(out.samples)
+    health = generator_health(load, out)
+    return RunFigures(ok, n, percentile(ok, 95) if ok else None, (n - len(ok)) / n if n else 1.0,
+                      len(ok) / load.duration_s, health["saturated"], health["warning"])
+
+
 def generator_health(load: Load, out: Outcome) -> dict:
     """Is the generator keeping up? Lag behind the schedule, achieved rate, CPU, dropped arrivals."""
     lags_ms = [(s.sent - s.scheduled) * 1e3 for s in out.samples]

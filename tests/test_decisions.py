@@ -25,9 +25,10 @@ from tritonkit.loadtests.load import Load, Sample
 from tritonkit.loadtests.stalls import without_stalls
 from tritonkit.server_traits import ServerTraits
 from tritonkit.spec import Batching, QueuePolicy
+from tritonkit.stats import relative_range
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs, grid, powers_of_two
-from tritonkit.tuner.noise import Noise, clear, majority, spread_of, wins
+from tritonkit.tuner.noise import Noise, clear, majority, wins
 from tritonkit.tuner.offline import Objective, Search, predict_p95
 from tritonkit.tuner.online import Controller, OnlineSettings, Window
 from tritonkit.tuner.pooled import pooled, pooled_verdict
@@ -503,8 +504,8 @@ def test_the_noise_rules():
     # one run decides a rate only when it is far from the target
     assert clear(10.0, True, 25.0, 0.2) and not clear(22.0, True, 25.0, 0.2)
     assert clear(None, False, 25.0, 0.2) and clear(40.0, False, 25.0, 0.2) and not clear(28.0, False, 25.0, 0.2)
-    assert spread_of([566.0, 685.0, 650.0]) == pytest.approx(119 / 650)
-    assert spread_of([0.0, 0.0, 0.0]) is None and spread_of([500.0]) is None  # a bench side that never held
+    assert relative_range([566.0, 685.0, 650.0]) == pytest.approx(119 / 650)
+    assert relative_range([0.0, 0.0, 0.0]) is None and relative_range([500.0]) is None  # a bench side that never held
     assert majority([True]) is None and majority([True, False]) is None
     assert majority([True, True]) and majority([False, True, False]) is False
     # a win needs every pair and a mean gain beyond the noise of the mean

@@ -61,7 +61,7 @@ def test_model_analyzer_searches_the_kits_repository_within_its_bounds(workdir):
     which stop MA when left in), bounded to one instance and max batch 2 and to its wall time: it
     measures configs, the kit reads them and names a winner within the P95."""
     spec = _spec(workdir, default_queue_policy={"max_queue_size": 4})
-    r = run_model_analyzer(spec, "peer_mlp", workdir / "ma", p95_ms=50, max_instances=1, max_batch=2, wall_s=150,
+    r = run_model_analyzer(spec, "peer_mlp", workdir / "ma", p95_ms=50, max_instances=1, max_batch=2, wall_s=60,
                            window_ms=500, log=lambda s: None)
     assert len(r["configs"]) >= 2, r
     assert {m["instances"] for m in r["configs"]} == {1}

@@ -7,6 +7,7 @@ interpolation, so a reported P95 is a latency some request really had.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 
@@ -38,3 +39,12 @@ def batch_histogram(before: dict, after: dict) -> dict[int, int]:
 def inference_count(before: dict, after: dict) -> int:
     """Requests (samples) inferred between two snapshots."""
     return int(after.get("inference_count", 0)) - int(before.get("inference_count", 0))
+
+
+def relative_range(values: Sequence[float]) -> float | None:
+    """(max - min) / median of repeated figures: what a user sees between two runs (the "spread" of
+    a bench's figure; the tuner's noise is a log standard deviation, tuner/noise.py). None for fewer
+    than two, or when most are 0 (a config that held nowhere has no range to give)."""
+    if len(values) < 2 or statistics.median(values) <= 0:
+        return None
+    return (max(values) - min(values)) / statistics.median(values)

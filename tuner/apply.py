@@ -119,6 +119,27 @@ class Repository:
         self.server.r.load(self.model)
 
 
+class Models:
+    """A ConfigTarget for several models of the kit's repository changed together (a traffic mix, a
+    pipeline's steps): the whole variant written by `configs.generate`, then the models whose config
+    changed, and the pipelines that run them, reloaded from their files."""
+
+    served_name = ""  # no one model: the mix's own load says where it goes
+
+    def __init__(self, r: Running, repo: Path, spec: Spec):
+        self.r, self.repo, self.in_force = r, Path(repo), spec
+
+    def put(self, candidate: Spec) -> None:
+        changed = [m.name for m in candidate.models if m != self.in_force.model(m.name)]
+        generate(candidate, self.repo)
+        self.in_force = candidate  # what the files say from here, whether the reloads go through or not
+        pipelines = [p.name for p in candidate.pipelines if any(s.model in changed for s in p.steps)]
+        for name in [*changed, *pipelines]:
+            self.r.load(name)
+
+    put_back = put
+
+
 class AsServed:
     """A ConfigTarget for configs that are ModelConfigs, loaded through the API as they are (the online
     sidecar, which changes the served config in place); with `persist`, an accepted one is also

@@ -32,17 +32,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tritonkit.configs.generate import generate
-from tritonkit.errors import InputError, KitError, Problem
+from tritonkit.errors import InputError, Problem
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.asyncgen import run_load
-from tritonkit.loadtests.load import Load, Outcome, generator_health
+from tritonkit.loadtests.load import Load, Outcome, run_figures
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.serving import Running, running
-from tritonkit.slo import meets
+from tritonkit.slo import ERROR_BOUND, meets
 from tritonkit.spec import Spec
 from tritonkit.stats import percentile
 from tritonkit.tuner import outputs
+from tritonkit.tuner.apply import LiveConfig, Models, Served
 from tritonkit.tuner.knobs import Knobs, from_spec, max_instances, neighbours
+from tritonkit.tuner.noise import majority
 from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.run import max_batch_bound
 
@@ -114,28 +116,24 @@ def judge_run(n: int, phase: str, scale: float, configs: Configs, entries: list[
     held = True
     for e in entries:
         load, out = sent[e.name]
-        ok = [s.latency_s * 1e3 for s in out.samples if s.latency_s is not None]
-        n_req = len(out.samples)
-        p95 = percentile(ok, 95) if ok else None
-        errors = (n_req - len(ok)) / n_req if n_req else 1.0
-        saturated = generator_health(load, out)["saturated"]
-        figures[e.name] = {"rps": round(load.rate, 1), "ok_rps": round(len(ok) / load.duration_s, 1),
-                           "requests": n_req, "p95_ms": None if p95 is None else round(p95, 3),
-                           "error_ratio": round(errors, 4), "slo_ms": e.slo_ms}
-        latencies[e.name] = ok
-        held &= meets(p95, e.slo_ms * (1 - margin), errors, max_errors) and not saturated
-        ratio[e.name] = (p95 or float("inf")) / e.slo_ms + (errors > max_errors)
+        f = run_figures(load, out)
+        figures[e.name] = {"rps": round(load.rate, 1), "ok_rps": round(f.ok_rps, 1),
+                           "requests": f.requests, "p95_ms": None if f.p95_ms is None else round(f.p95_ms, 3),
+                           "error_ratio": round(f.error_ratio, 4), "slo_ms": e.slo_ms}
+        latencies[e.name] = f.ok_ms
+        held &= meets(f.p95_ms, e.slo_ms * (1 - margin), f.error_ratio, max_errors) and not f.saturated
+        ratio[e.name] = (f.p95_ms or float("inf")) / e.slo_ms + (f.error_ratio > max_errors)
     worst = max(ratio, key=ratio.get) if ratio else None
     return MixRun(n, phase, scale, {m: k.label() for m, k in configs.items()}, figures, held, worst, latencies)
 
 
 class MixBox:
-    """The box: one server with every model and pipeline of the mix, whose configs change together."""
+    """The box: one server with every model and pipeline of the mix, whose configs change together
+    through one LiveConfig (`tuner.apply.Models`): a refused set puts the last good one back."""
 
     def __init__(self, spec: Spec, repo: Path, r: Running, log: Callable[[str], None]):
         self.spec, self.repo, self.r, self.log = spec, Path(repo), r, log
-        self.current: Configs = {}
-        self.good: Configs = {}
+        self.live = LiveConfig(Served(r), spec, repo, "", log, target=Models(r, repo, spec))
 
     def variant(self, configs: Configs) -> Spec:
         spec = self.spec
@@ -145,23 +143,14 @@ class MixBox:
 
     def apply(self, configs: Configs) -> str | None:
         """Put `configs` in force; None when they serve, else why not (the last good ones serve again)."""
-        changed = [m for m, k in configs.items() if self.current.get(m) != k]
-        if not changed:
-            return None
         try:
-            generate(self.variant(configs), self.repo)
-            self._reload(changed)
-        except (InputError, KitError) as e:
-            self.log(f"    refused: {str(e)[:300]}; back to the last good configs")
-            generate(self.variant(self.good), self.repo)
-            self._reload(list(configs))
-            self.current = dict(self.good)
+            return self.live.apply(self.variant(configs))
+        except InputError as e:  # the kit's rules refuse the set: nothing was written
+            self.log(f"    refused: {str(e)[:300]}")
             return str(e)
-        self.current = dict(configs)
-        return None
 
     def keep(self) -> None:
-        self.good = dict(self.current)
+        self.live.keep()
 
     def run(self, n: int, phase: str, scale: float, configs: Configs, entries: list[Entry], load: Load,
             margin: float, max_errors: float) -> MixRun:
@@ -224,14 +213,11 @@ class MixSearch:
     def holds(self, configs: Configs, scale: float, phase: str) -> tuple[bool, list[MixRun]]:
         """Most of up to `rules.runs` runs hold; stops as soon as a majority agrees."""
         runs: list[MixRun] = []
-        need = self.rules.runs // 2 + 1
         while True:
             runs.append(self.measure(configs, scale, phase))
-            passed = sum(r.held for r in runs)
-            if passed >= need or len(runs) - passed >= need:
-                return passed >= need, runs
-            if self.left <= 0:  # no budget for a majority: the runs so far decide
-                return 2 * passed > len(runs), runs
+            verdict = majority([r.held for r in runs], self.rules, final=self.left <= 0)
+            if verdict is not None:
+                return verdict, runs
 
     def sustained(self, configs: Configs, scale: float, phase: str) -> tuple[float, MixRun | None]:
         """The highest scale on the ladder that holds, from `scale` up while it holds, down while it
@@ -380,7 +366,7 @@ def start_configs(spec: Spec, entries: list[Entry]) -> Configs:
 
 
 def tune_mix(spec: Spec, repo: Path, state_dir: Path, out_dir: Path, *, start: Configs | None = None,
-             max_trials: int = 40, margin: float = RULES.slo_margin, max_errors: float = 0.01,
+             max_trials: int = 40, margin: float = RULES.slo_margin, max_errors: float = ERROR_BOUND,
              load: Load | None = None, rules: Rules = RULES, write_decision: bool = False,
              log: Callable[[str], None] = print) -> tuple[MixTuning, list[MixRun], float]:
     """The spec's traffic mix tuned together (module doc); with `write_decision`, a confirmed

@@ -65,14 +65,15 @@ def clear(p95_ms: float | None, passed: bool, target_ms: float, spread: float, r
     return distance < -rules.clear * spread if passed else distance > rules.clear * spread
 
 
-def majority(verdicts: list[bool], rules: Rules = RULES) -> bool | None:
-    """True or False once a majority of `rules.runs` runs agree; None while undecided."""
+def majority(verdicts: list[bool], rules: Rules = RULES, final: bool = False) -> bool | None:
+    """True or False once a majority of `rules.runs` runs agree; None while undecided. `final`: no
+    budget is left for another run, so the runs so far decide (a tie fails)."""
     passes = sum(verdicts)
     if passes > rules.runs // 2:
         return True
     if len(verdicts) - passes > rules.runs // 2:
         return False
-    return None
+    return 2 * passes > len(verdicts) if final else None
 
 
 def wins(pairs: list[tuple[float, float]], spread: float, rules: Rules = RULES) -> bool:
@@ -84,11 +85,3 @@ def wins(pairs: list[tuple[float, float]], spread: float, rules: Rules = RULES) 
     gains = [math.log(i / c) if math.isfinite(i) else math.inf for c, i in pairs]
     needed = max(rules.min_gain, rules.z * spread * math.sqrt(2 / len(pairs)))
     return all(g > 0 for g in gains) and sum(gains) / len(gains) > needed
-
-
-def spread_of(values: list[float]) -> float | None:
-    """(max - min) / median of repeated figures: what a user sees between two runs. None for fewer
-    than two, or when most are 0 (a config that held nowhere has no spread to give)."""
-    if len(values) < 2 or statistics.median(values) <= 0:
-        return None
-    return (max(values) - min(values)) / statistics.median(values)

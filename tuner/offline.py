@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tritonkit.server_traits import ServerTraits, stall_risk
-from tritonkit.slo import meets
+from tritonkit.slo import ERROR_BOUND, meets
 from tritonkit.spec import QueuePolicy
 from tritonkit.tuner.costmodel import CostModel, batch_points, delay_for, fit
 from tritonkit.tuner.knobs import Knobs, max_instances, neighbours, on_ladder, powers_of_two
@@ -57,7 +57,7 @@ from tritonkit.tuner.trials import Trial, Trials
 class Objective:
     slo_p95_ms: float
     rps: float | None = None  # None: maximise the sustained rate
-    max_error_ratio: float = 0.01
+    max_error_ratio: float = ERROR_BOUND
     margin: float = 0.0  # share of the SLO held back: every trial must meet `target_p95_ms`
 
     @property
@@ -180,7 +180,7 @@ class Search:
                         self.noise.spread, self.rules):
                     verdict = t.passed
                 if verdict is None and self.budget_left <= 0:
-                    verdict = 2 * sum(r.passed for r in runs) > len(runs)
+                    verdict = majority([r.passed for r in runs], self.rules, final=True)
                 if verdict is not None:
                     return verdict, runs
             runs.append(self.measure(k, rate, phase))

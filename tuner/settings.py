@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tritonkit.errors import input_error, raise_flag_problems
+from tritonkit.slo import ERROR_BOUND
 from tritonkit.spec import Spec
 from tritonkit.tuner.rules import RULES
 
@@ -26,7 +27,7 @@ class TuneSettings:
     p95_ms: float | None = None  # None: the model's slo.p95_ms
     rps: float | None = None  # offline: the lowest P95 at this rate; None: the highest rate within the SLO
     max_trials: int = 30  # offline
-    max_errors: float = 0.01  # offline: error ratio a trial may have
+    max_errors: float = ERROR_BOUND  # offline: error ratio a trial may have
     max_batch: int | None = None  # offline: the largest max batch to try
     margin: float = RULES.slo_margin  # offline: share of the SLO held back
     max_trial_s: float = 8.0  # offline: the longest steady window of one trial

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tritonkit.loadtests.load import Load
-from tritonkit.slo import meets
+from tritonkit.slo import ERROR_BOUND, meets
 from tritonkit.spec import Batching, ModelSpec, QueuePolicy
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs
@@ -75,7 +75,7 @@ class SimulatedTrials:
             t.ok_rps, t.p95_ms = round(served, 1), 480.0 if self.collapses else 0.8 * SLO_MS
             t.error_ratio = round(1 - served / load.rate, 4)
             t.errors = {"queue_full": int(t.error_ratio * load.rate * 3)}
-            t.passed = meets(t.p95_ms, SLO_MS, t.error_ratio, 0.01)
+            t.passed = meets(t.p95_ms, SLO_MS, t.error_ratio, ERROR_BOUND)
         else:
             p95 = predict_p95(WORLD, k, load.rate)
             t.p95_ms = None if math.isinf(p95) else round(p95, 3)
@@ -186,5 +186,5 @@ class TrueWorldTrials(SimulatedTrials):
                 p95 *= 1 + self.stall
         t.p95_ms = None if math.isinf(p95) else round(p95, 3)
         t.ok_rps = load.rate if t.p95_ms is not None else 0.0
-        t.passed = meets(t.p95_ms, self.target_p95_ms, t.error_ratio, 0.01)
+        t.passed = meets(t.p95_ms, self.target_p95_ms, t.error_ratio, ERROR_BOUND)
         return with_latencies(t)
