@@ -1,9 +1,8 @@
 """`tritonkit bench tuner`: the tuner against an exhaustive grid over the same knobs, on one server.
 
 The grid is what Model Analyzer's brute-force search does: every combination of max batch, queue
-delay and instance count, each screened by single runs on a rate ladder (doubling from
-GRID_START_RPS, or lower where no config holds that, then the tuner's own Rules.rate_step inside the last
-bracket). Both sides then decide by the same rules (tuner/noise.py): the grid's GRID_FINALISTS best
+delay and instance count, each screened by single runs from GRID_START_RPS (or lower where no
+config holds that) along the tuner's own walk to the edge (`tuner/ladder.py`). Both sides then decide by the same rules (tuner/noise.py): the grid's GRID_FINALISTS best
 screened configs get the tuner's majority-of-runs sustained rate (`Search.sustained`), and each
 side's winner is confirmed by the same `confirm` (three runs, pooled). Both sides also obey
 `tritonkit probe` (passed in as the server's traits): the grid still screens every combination, as
@@ -35,6 +34,7 @@ from tritonkit.server_traits import ServerTraits
 from tritonkit.spec import Spec
 from tritonkit.stats import relative_range
 from tritonkit.tuner.knobs import Knobs, from_spec, grid, powers_of_two
+from tritonkit.tuner.ladder import walk_up
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.offline import Score, Search, confirm
 from tritonkit.tuner.rules import RULES, Rules
@@ -66,24 +66,22 @@ def screen(trials: Trials, points: list[Knobs]) -> list[Score]:
 
 
 def grid_capacity(trials: Trials, k: Knobs, start: float = GRID_START_RPS, rules: Rules = RULES) -> Score:
-    """One screening run per rung: the last rate that passed, none when the first failed."""
-    rate, passed = start, None
-    while rate <= GRID_MAX_RPS:
+    """One screening run per rate, the same walk to the edge as the tuner's (`tuner/ladder.py`): the
+    highest rate that passed, none when the first failed."""
+    scores: dict[float, Score] = {}
+
+    def holds(rate: float) -> bool:
+        if rate > GRID_MAX_RPS:
+            return False
         t = trials.run(k, trials.open_load(rate), "grid")
-        if not t.passed:
-            break
-        passed = Score(k, t.ok_rps, rate, t)
-        rate *= 2
-    if passed is None:
+        if t.passed:
+            scores[rate] = Score(k, t.ok_rps, rate, t)
+        return t.passed
+
+    if not holds(start):
         return Score(k, -math.inf, None, None)
-    rate = passed.rate * rules.rate_step
-    while rate < passed.rate * 2:
-        t = trials.run(k, trials.open_load(rate), "grid")
-        if not t.passed:
-            break
-        passed = Score(k, t.ok_rps, rate, t)
-        rate *= rules.rate_step
-    return passed
+    top, _ = walk_up(start, holds, rules.rate_step, lambda: True)
+    return scores[top]
 
 
 def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,

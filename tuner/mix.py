@@ -44,6 +44,7 @@ from tritonkit.stats import percentile
 from tritonkit.tuner import outputs
 from tritonkit.tuner.apply import LiveConfig, Models, Served
 from tritonkit.tuner.knobs import Knobs, from_spec, max_instances, neighbours
+from tritonkit.tuner.ladder import walk_up
 from tritonkit.tuner.noise import majority
 from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.run import max_batch_bound
@@ -220,17 +221,20 @@ class MixSearch:
                 return verdict, runs
 
     def sustained(self, configs: Configs, scale: float, phase: str) -> tuple[float, MixRun | None]:
-        """The highest scale on the ladder that holds, from `scale` up while it holds, down while it
-        does not; with the run that missed above it (whose worst entry is the bottleneck)."""
+        """The highest scale that holds, to within a rung: from a `scale` that holds, its edge
+        bracketed and bisected (`tuner/ladder.py`); from one that does not, down a rung at a time;
+        with the run that missed above it (whose worst entry is the bottleneck)."""
         ok, runs = self.holds(configs, scale, phase)
         if ok:
-            while self.left > 0:
-                up = scale * self.rules.rate_step
-                ok, runs = self.holds(configs, up, phase)
-                if not ok:
-                    return scale, _missed(runs)
-                scale = up
-            return scale, None
+            missed: dict[float, MixRun | None] = {}
+
+            def holds(x: float) -> bool:
+                ok, runs = self.holds(configs, x, phase)
+                missed[x] = None if ok else _missed(runs)
+                return ok
+
+            top, miss = walk_up(scale, holds, self.rules.rate_step, lambda: self.left > 0)
+            return top, None if miss is None else missed[miss]
         missed = _missed(runs)
         for _ in range(self.rules.max_steps_down):
             if self.left <= 0:

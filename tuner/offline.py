@@ -39,6 +39,7 @@ from tritonkit.slo import ERROR_BOUND, meets
 from tritonkit.spec import QueuePolicy
 from tritonkit.tuner.costmodel import CostModel, batch_points, delay_for, fit
 from tritonkit.tuner.knobs import Knobs, max_instances, neighbours, on_ladder, powers_of_two
+from tritonkit.tuner.ladder import walk_up
 from tritonkit.tuner.noise import Noise, clear, majority, wins
 from tritonkit.tuner.pooled import pooled, pooled_verdict
 from tritonkit.tuner.protect import (
@@ -229,25 +230,17 @@ class Search:
         return best
 
     def _bracketed(self, k: Knobs, hold: float, best: Score, phase: str) -> Score:
-        step = self.rules.rate_step
-        predicted = self.start_rate(self.cm, k) if self.cm else 0.0
-        miss, factor = None, step
-        tries = [predicted] if predicted > hold * step else []
-        while self.budget_left > 0:
-            if miss is None and tries:
-                rate = tries.pop()
-            elif miss is None:
-                rate, factor = hold * factor, factor * factor  # the next step up is twice as long, in log
-            elif miss / hold > step * 1.001:
-                rate = math.sqrt(hold * miss)
-            else:
-                break
+        scores = {hold: best}
+
+        def holds(rate: float) -> bool:
             ok, runs = self.verdict_at(k, rate, phase)
             if ok:
-                hold, best = rate, self._score(k, rate, runs, True)
-            else:
-                miss = rate
-        return best
+                scores[rate] = self._score(k, rate, runs, True)
+            return ok
+
+        predicted = self.start_rate(self.cm, k) if self.cm else None
+        top, _ = walk_up(hold, holds, self.rules.rate_step, lambda: self.budget_left > 0, predicted)
+        return scores[top]
 
     def challenge(self, inc: Score, k: Knobs, phase: str = "neighbour") -> Score | None:
         """`k`'s score when it beats the incumbent, else None.

@@ -1,0 +1,39 @@
+"""The one walk to a rate's edge: where a candidate stops holding, found in few verdicts.
+
+Both searches use it, the offline one on request rates (`tuner/offline.py`) and the traffic mix's
+on scales of its mix (`tuner/mix.py`); what "holds" means (one clear run, else a majority,
+`tuner/noise.py`) is theirs to say through `holds`.
+
+From a value that holds, the edge is bracketed, then bisected: first the value a model predicts
+(if it lies more than a step above), then steps that double in log while they hold, then the
+geometric middle of the highest hold and the lowest miss, until the two are one `step` apart. A
+climb in equal steps would take n verdicts for an edge n steps away; this takes about 2 log2 n.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+
+def walk_up(hold: float, holds: Callable[[float], bool], step: float, more: Callable[[], bool],
+            predicted: float | None = None) -> tuple[float, float | None]:
+    """The highest value that held, and the lowest that missed (None: none missed before `more`
+    said the budget is spent). `hold` held already; `holds(x)` measures x."""
+    miss: float | None = None
+    tries = [predicted] if predicted and predicted > hold * step else []
+    factor = step
+    while more():
+        if miss is None and tries:
+            x = tries.pop()
+        elif miss is None:
+            x, factor = hold * factor, factor * factor
+        elif miss / hold > step * 1.001:
+            x = math.sqrt(hold * miss)
+        else:
+            break
+        if holds(x):
+            hold = x
+        else:
+            miss = x
+    return hold, miss
