@@ -30,7 +30,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _quiet_half_built_clients(unraisable) -> None:
+    """tritonclient's client raises from its destructor when an interrupt stopped its constructor
+    half-way (it closes a stream it never made): nothing a user can act on, so it is not printed."""
+    if isinstance(unraisable.exc_value, AttributeError) and "InferenceServerClient" in repr(unraisable.object):
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 def main(argv: list[str] | None = None) -> int:
+    sys.unraisablehook = _quiet_half_built_clients
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
