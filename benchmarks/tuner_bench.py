@@ -1,20 +1,21 @@
 """`tritonkit bench tuner`: the tuner against an exhaustive grid over the same knobs, on one server.
 
 The grid is what Model Analyzer's brute-force search does: every combination of max batch, queue
-delay and instance count, each screened by single runs from GRID_START_RPS (or lower where no
-config holds that) along the tuner's own walk to the edge (`tuner/ladder.py`). Both sides then decide by the same rules (tuner/noise.py): the grid's GRID_FINALISTS best
-screened configs get the tuner's majority-of-runs sustained rate (`Search.sustained`), and each
-side's winner is confirmed by the same `confirm` (three runs, pooled). Both sides also obey
-`tritonkit probe` (passed in as the server's traits): the grid still screens every combination, as
-a brute-force search knows nothing of the server, but a config the probe found stalls the batcher
-is never a finalist, as the tuner never proposes one; the trials the grid spent on such configs are
-reported apart. The grid runs first: the tuner then gets TRIALS_SHARE of the grid's trials as its
-budget, the bound the comparison is about. Last, both winners are measured `confirmations` times
-by the neutral judge (benchmarks/judge.py): both configs served side by side in one server,
-perf_analyzer at the same Poisson rates, interleaved, so that a drift of the machine hits both: the
-figures are the medians of those rounds, with their spread. Reported:
-the tuner's figure as a percentage of the grid's, its trials and time as percentages of the grid's,
-and each search's own confirmed rate (what `tritonkit tune` would have written).
+delay and instance count, each screened by single runs from GRID_START_RPS (or lower where no config
+holds that) along the tuner's own walk to the edge (`tuner/ladder.py`). Both sides then decide by
+the same rules (tuner/noise.py): the grid's GRID_FINALISTS best screened configs get the tuner's
+majority-of-runs sustained rate (`Search.sustained`), and each side's winner is confirmed by the
+same `confirm` (three runs, pooled). Both sides also obey `tritonkit probe` (passed in as the
+server's traits): the grid still screens every combination, as a brute-force search knows nothing of
+the server, but a config the probe found stalls the batcher is never a finalist, as the tuner never
+proposes one; the trials the grid spent on such configs are reported apart. The grid runs first: the
+tuner then gets TRIALS_SHARE of the grid's trials as its budget, the bound the comparison is about.
+Last, both winners are measured `confirmations` times by the neutral judge (benchmarks/judge.py):
+both configs served side by side in one server, perf_analyzer at the same Poisson rates,
+interleaved, so that a drift of the machine hits both: the figures are the medians of those rounds,
+with their spread. Reported: the tuner's figure as a percentage of the grid's, its trials and time
+as percentages of the grid's, and each search's own confirmed rate (what `tritonkit tune` would have
+written).
 """
 
 from __future__ import annotations

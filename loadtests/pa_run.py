@@ -102,7 +102,11 @@ def run_pa(url: str, model: str, load: Load, classes: list[RequestClass] | None 
             if shared_memory and _local(url) and not any(m.datatype == "BYTES" for m in (*meta.inputs, *meta.outputs)):
                 args += ["--shared-memory", "system", "--output-shared-memory-size",
                          str(_output_bytes(client, model, samples, cls.batch, sampler.batched))]
-            return _measure(pa, args, client, model, load, cls, Path(tmp) / "export.fifo")
+            try:
+                return _measure(pa, args, client, model, load, cls, Path(tmp) / "export.fifo")
+            except PerfAnalyzerLostExport:  # now and then, not twice running: the same run once more
+                log("perf_analyzer lost its export; measuring the run again")
+                return _measure(pa, args, client, model, load, cls, Path(tmp) / "export.fifo")
 
 
 def _arguments(model: str, url: str, load: Load, cls: RequestClass, samples: list[dict[str, np.ndarray]],
@@ -165,6 +169,7 @@ def sample_json(arrays: dict[str, np.ndarray], batched: bool) -> dict:
 
 def _measure(pa: pa_install.PerfAnalyzer, args: list[str], client: Client, model: str, load: Load,
              cls: RequestClass, fifo: Path) -> Outcome:
+    fifo.unlink(missing_ok=True)  # a run measured again makes its own
     os.mkfifo(fifo)
     pairs: list[tuple[int, int | None]] = []
     reader = threading.Thread(target=lambda: pairs.extend(_export_pairs(fifo)), daemon=True)
