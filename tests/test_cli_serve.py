@@ -175,8 +175,9 @@ def test_demo_finishes_and_batches(tmp_path, probed):
     hist = [ln for ln in res.stdout.splitlines() if "|" in ln]
     sizes = [int(ln.split("|")[0]) for ln in hist]
     assert sizes and max(sizes) > 1, res.stdout
-    burst_max_ms = float(re.search(r"max ([0-9.]+) ms", res.stdout).group(1))
-    assert burst_max_ms < 300, res.stdout
+    # a stall holds a request about 500 ms, dozens of times the burst's P95: a wide factor tells it
+    p95, burst_max = map(float, re.search(r"P95 ([0-9.]+) ms .*max ([0-9.]+) ms", res.stdout).groups())
+    assert burst_max < 10 * max(p95, 5.0), res.stdout
     assert "P95" in res.stdout and "tritonserver stopped" in res.stdout
     # the tune's verdict: one "kept" row for a start config that stays, else a before and an after
     # that differ (never two P95s of one config shown as a change)
