@@ -74,10 +74,11 @@ def peer_start(m: ModelSpec) -> tuple[ModelSpec, list[str]]:
 
 def run_model_analyzer(spec: Spec, model: str, work: Path, *, p95_ms: float, max_instances: int, max_batch: int,
                        wall_s: float, rps: float | None = None, window_ms: int | None = None,
-                       log: Callable[[str], None] = print) -> dict:
+                       max_measurements: int | None = None, log: Callable[[str], None] = print) -> dict:
     """MA's quick search; its configs, its winner (the highest throughput within the P95, or with
     `rps` the lowest P95 that serves that rate) and its wall time, counted to its last new
-    measurement. `window_ms`: perf_analyzer's measurement window (default: its own)."""
+    measurement. `window_ms`: perf_analyzer's measurement window (default: its own);
+    `max_measurements`: MA is stopped once it has saved that many (default: no bound)."""
     ma = require_model_analyzer()
     work = Path(work).resolve()
     start, left_out = peer_start(spec.model(model))
@@ -117,7 +118,7 @@ def run_model_analyzer(spec: Spec, model: str, work: Path, *, p95_ms: float, max
         }))
         log(f"== Model Analyzer {_version(ma)}: quick search, at most {max_instances} instances and max batch "
             f"{max_batch}, P95 <= {p95_ms:g} ms, at most {wall_s:.0f} s (log: {work / 'model_analyzer.log'})")
-        wall, last_new, stopped = _supervise(ma, config, pa, work / "model_analyzer.log", wall_s, log)
+        wall, last_new, stopped = _supervise(ma, config, pa, work / "model_analyzer.log", wall_s, max_measurements, log)
     measured = read_checkpoint(checkpoints / "0.ckpt", model)
     winner = best(measured, p95_ms, rps)
     result = {"wall_s": round(wall, 1), "search_s": round(last_new, 1), "stopped": stopped,
@@ -136,8 +137,9 @@ def _version(ma: Path) -> str:
 
 
 def _supervise(ma: Path, config: Path, pa: pa_install.PerfAnalyzer, log_path: Path, wall_s: float,
-               log: Callable[[str], None]) -> tuple[float, float, str]:
-    """Run MA until it finishes, `wall_s` passes, or STALL_S pass without a new measurement.
+               max_measurements: int | None, log: Callable[[str], None]) -> tuple[float, float, str]:
+    """Run MA until it finishes, `wall_s` passes, STALL_S pass without a new measurement, or it
+    has saved `max_measurements`.
     Returns its wall time, the time of its last new measurement and why it stopped."""
     env = pa.environ()
     t0 = time.monotonic()
@@ -154,7 +156,8 @@ def _supervise(ma: Path, config: Path, pa: pa_install.PerfAnalyzer, log_path: Pa
                 seen, last_new = profiled, now
                 line = [x for x in text.splitlines() if "Profiling " in x][-1:]
                 log(f"   [{now:4.0f} s] {line[0].split('] ', 1)[-1] if line else 'measured'}")
-            reason = "wall time" if now > wall_s else "no new measurement" if now - last_new > STALL_S else None
+            reason = "wall time" if now > wall_s else "no new measurement" if now - last_new > STALL_S else \
+                "measurement budget" if max_measurements is not None and seen >= max_measurements else None
             if reason:
                 stopped = f"stopped by the kit: {reason}"
                 os.killpg(proc.pid, signal.SIGINT)  # MA saves its checkpoint on Ctrl-C

@@ -14,16 +14,9 @@ import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display on edge machines and in CI
-
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
-
-from tritonkit.files import write_bytes_atomic  # noqa: E402
-from tritonkit.slo import meets  # noqa: E402
+from tritonkit.files import write_bytes_atomic
+from tritonkit.plots import pyplot
+from tritonkit.slo import meets
 
 MAX_ERROR_RATE = 0.01  # a setting that drops more than 1% of requests is not a candidate
 REQUIRED_KEYS = ("max_batch_size", "max_queue_delay_us", "requests", "throughput_rps", "p95_ms", "p99_ms")
@@ -229,6 +222,8 @@ def _row_label(r: Row) -> str:
 def _log2_batch_axis(ax, rows: Sequence[Row]) -> None:
     sizes = sorted({r["max_batch_size"] for r in rows})
     ax.set_xscale("log", base=2)
+    from matplotlib.ticker import FixedLocator, NullLocator
+
     ax.xaxis.set_major_locator(FixedLocator(sizes))  # label the sizes swept, not powers the sweep skipped
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticklabels([str(s) for s in sizes])
@@ -236,17 +231,17 @@ def _log2_batch_axis(ax, rows: Sequence[Row]) -> None:
     ax.grid(True, which="major", alpha=0.3)
 
 
-def _png(fig: Figure) -> bytes:
+def _png(fig) -> bytes:
     buf = io.BytesIO()
     try:
         fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     finally:
-        plt.close(fig)
+        pyplot().close(fig)
     return buf.getvalue()
 
 
 def plot_throughput(rows: Sequence[Row], recommended: Row | None, title: str) -> bytes:
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = pyplot().subplots(figsize=(8, 5))
     for delay, group in _by_delay(rows).items():
         ax.plot([r["max_batch_size"] for r in group], [r["throughput_rps"] for r in group], marker="o",
                 label=f"queue delay {delay} µs")
@@ -263,8 +258,8 @@ def plot_throughput(rows: Sequence[Row], recommended: Row | None, title: str) ->
 
 
 def plot_latency(rows: Sequence[Row], recommended: Row | None, slo_p95_ms: float | None, title: str) -> bytes:
-    fig, ax = plt.subplots(figsize=(8, 5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, ax = pyplot().subplots(figsize=(8, 5))
+    colors = pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (delay, group) in enumerate(_by_delay(rows).items()):
         sizes = [r["max_batch_size"] for r in group]
         color = colors[i % len(colors)]
@@ -289,7 +284,7 @@ def plot_decomposition(rows: Sequence[Row], title: str) -> bytes:
     parts = [(p.removesuffix("_ms").replace("_", " "), lambda r, p=p: (r.get("server") or {}).get(p))
              for p in SERVER_PARTS]
     parts.append(("client overhead", lambda r: r.get("client_overhead_ms")))
-    fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(ordered) + 2), 5))
+    fig, ax = pyplot().subplots(figsize=(max(8, 0.6 * len(ordered) + 2), 5))
     x = list(range(len(ordered)))
     bottom = [0.0] * len(ordered)
     for label, part in parts:
@@ -319,7 +314,7 @@ def plot_batch_histograms(rows: Sequence[Row], recommended: Row | None, title: s
     ncols = min(4, len(ordered))
     nrows = math.ceil(len(ordered) / ncols)
     # Constrained layout leaves room for the suptitle, which tight_layout lets overlap the first row.
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 2.6 * nrows + 0.6), squeeze=False,
+    fig, axes = pyplot().subplots(nrows, ncols, figsize=(3.2 * ncols, 2.6 * nrows + 0.6), squeeze=False,
                              layout="constrained")
     for i, (ax, r) in enumerate(zip(axes.flat, ordered)):
         _histogram_panel(ax, r, r is recommended)

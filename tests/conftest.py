@@ -3,6 +3,7 @@ on free ports and always stopped by its own pid (LocalTriton.stop)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -123,24 +124,48 @@ SERVED_SPEC = {
 }
 
 
+def pytest_collection_modifyitems(items):
+    """The suite runs in two workers (pytest-xdist, `--dist loadgroup`). Tests that assert a measured
+    latency or throughput (marker `measures`) share one group, so they run one at a time in one
+    worker, never beside each other; every other test goes with its module, so a module's fixtures
+    (a served repository, a built site) are made once."""
+    for item in items:
+        group = "measures" if item.get_closest_marker("measures") else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _shared(tmp_path_factory) -> Path:
+    """A folder every worker of this run sees (xdist gives each worker a base of its own under one root)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session", autouse=True)
 def probe_cache(tmp_path_factory) -> Path:
-    """`tritonkit probe`'s answers go to a cache of this session's own: the first test that needs
-    them (a tune, the probe test) measures the bundled server once; no test reads a user's cache."""
-    path = tmp_path_factory.mktemp("probe_cache")
+    """`tritonkit probe`'s answers go to a cache of this run's own, shared by its workers: the first
+    test that needs them (a tune, the probe test) measures the bundled server once; no test reads
+    a user's cache."""
+    path = _shared(tmp_path_factory) / "probe_cache"
+    path.mkdir(exist_ok=True)
     os.environ["TRITONKIT_CACHE"] = str(path)  # inherited by every `tritonkit` the tests start
     return path
 
 
 @pytest.fixture(scope="session")
 def probed(probe_cache, tmp_path_factory) -> dict:
-    """`tritonkit probe` run once, as a user runs it: its cache entry for the bundled server. Tests
-    that tune ask for it, so that the tuner reads the cache instead of probing again."""
-    r = tritonkit("probe", "--state-dir", str(tmp_path_factory.mktemp("probe_state")), timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    """`tritonkit probe` run once per test run, as a user runs it: its cache entry for the bundled
+    server. Tests that tune ask for it, so that the tuner reads the cache instead of probing again;
+    a worker that finds the probe done (or under way, behind the lock) reads what it wrote."""
+    console = probe_cache / "probe.stdout"
+    with open(probe_cache / "probe.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not console.exists():
+            r = tritonkit("probe", "--state-dir", str(tmp_path_factory.mktemp("probe_state")), timeout=300)
+            assert r.returncode == 0, r.stdout + r.stderr
+            console.write_text(r.stdout)
     data = json.loads((probe_cache / "server-probe.json").read_text())
     (version, entry), = data["versions"].items()
-    return {"stdout": r.stdout, "version": version, **entry}
+    return {"stdout": console.read_text(), "version": version, **entry}
 
 
 def write_spec(folder: Path, data: dict) -> Path:

@@ -157,6 +157,7 @@ def test_infer_without_a_server_says_how_to_start_one(tmp_path):
     assert res.returncode == 2 and "tritonkit serve" in res.stderr
 
 
+@pytest.mark.measures
 def test_demo_finishes_and_batches(tmp_path, probed):
     """`make demo`'s job on a small copy of the default spec, the demo's one whole run in the suite:
     batches above 1 in Triton's stats, a burst the batcher never stalls on (a stall is a request

@@ -34,6 +34,7 @@ def echo():
     srv.close()
 
 
+@pytest.mark.measures
 def test_each_message_takes_one_round_trip_of_delay_even_when_sent_back_to_back(echo):
     """40 messages 1 ms apart on one connection: each comes back about 2 x 20 ms after it left. A
     link that delivered them one after another (each D after the one before) would return the last

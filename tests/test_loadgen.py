@@ -12,7 +12,7 @@ from tritonkit.loadtests.load import Load, RequestClass
 from tritonkit.loadtests.measure import measure
 from tritonkit.loadtests.results import write_result
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.measures]
 
 CLASSES = [RequestClass("interactive", weight=1, priority=1), RequestClass("bulk", weight=3, priority=2)]
 

@@ -183,6 +183,7 @@ def _loadtest(served, tmp_path, *args: str) -> dict:
     return json.loads((tmp_path / "result.json").read_text())
 
 
+@pytest.mark.measures
 def test_tritonkit_loadtest_locust_priorities_under_overload(served, tmp_path):
     """Headless Locust through `tritonkit loadtest`: far more than `prio` can serve (a batch-4
     model with a 24-deep queue). Interactive (priority 1) overtakes bulk in the queue, and the
@@ -194,6 +195,7 @@ def test_tritonkit_loadtest_locust_priorities_under_overload(served, tmp_path):
     assert (tmp_path / "result.csv").read_text().splitlines()[0].startswith("class,")
 
 
+@pytest.mark.measures
 def test_tritonkit_loadtest_locust_step_shape_raises_the_rate(served, tmp_path):
     """A step shape at 200 req/s open loop: the last quarter of the window offers about four
     times the first (25% -> 100%), and a light load is served without generator warnings."""

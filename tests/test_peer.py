@@ -56,13 +56,14 @@ def test_the_checkpoint_reader_and_ma_pick(tmp_path):
 
 
 @pytest.mark.server
+@pytest.mark.measures
 def test_model_analyzer_searches_the_kits_repository_within_its_bounds(workdir):
     """MA's quick search on a spec the kit writes (preferred sizes, queue policy, warm-up: all of
-    which stop MA when left in), bounded to one instance and max batch 2 and to its wall time: it
-    measures configs, the kit reads them and names a winner within the P95."""
+    which stop MA when left in), bounded to one instance and max batch 2, and stopped after its
+    second measurement: it measures configs, the kit reads them and names a winner within the P95."""
     spec = _spec(workdir, default_queue_policy={"max_queue_size": 4})
-    r = run_model_analyzer(spec, "peer_mlp", workdir / "ma", p95_ms=50, max_instances=1, max_batch=2, wall_s=60,
-                           window_ms=500, log=lambda s: None)
+    r = run_model_analyzer(spec, "peer_mlp", workdir / "ma", p95_ms=50, max_instances=1, max_batch=2, wall_s=90,
+                           window_ms=500, max_measurements=2, log=lambda s: None)
     assert len(r["configs"]) >= 2, r
     assert {m["instances"] for m in r["configs"]} == {1}
     assert max(m["max_batch_size"] for m in r["configs"]) <= 8  # the start's 8, then MA's own <= 2
@@ -75,6 +76,7 @@ def test_model_analyzer_searches_the_kits_repository_within_its_bounds(workdir):
 
 
 @pytest.mark.server
+@pytest.mark.measures
 def test_the_judge_scores_configs_side_by_side_and_counts_refusals(workdir):
     """Two configs of one model in one server: a normal one holds a rate; one whose one-deep queue
     refuses requests makes perf_analyzer give up, and the judge measures that run again with a

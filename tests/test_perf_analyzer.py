@@ -15,7 +15,7 @@ from tritonkit.loadtests.load import Load
 from tritonkit.loadtests.measure import measure_by
 from tritonkit.loadtests.pa_run import _export_pairs
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.measures]
 
 
 @pytest.fixture(scope="module")

@@ -204,6 +204,7 @@ def test_a_pipeline_load_test_breaks_its_latency_down_per_step(engine, tmp_path,
     assert steps["box_head"]["requests"] == steps["class_head"]["requests"] == steps["backbone"]["requests"]
 
 
+@pytest.mark.measures
 def test_tune_mix_tunes_a_pipeline_and_a_model_together(tmp_path, pipeline_onnx):
     """`tune --mix`: the spec's traffic (a pipeline and a model, each with its SLO) sent together;
     the scale it holds is confirmed with every entry's requests pooled, and every model's config

@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import tritonkit, write_spec
 from tritonkit.loadtests.server_probe import traits_from
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.measures]
 
 QUEUED = {"priority_levels": 2, "default_priority": 2, "default_queue_policy": {"max_queue_size": 16}}
 

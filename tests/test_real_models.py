@@ -244,6 +244,7 @@ def _direct_ms(site: Path, shape: list[int]) -> float:
 TUNED = ["text", "audio", "detector", "recogniser"]
 
 
+@pytest.mark.measures  # compares Triton's compute time with ONNX Runtime's: both measured alone
 @pytest.mark.parametrize("name", TUNED)
 def test_tune_measures_realistic_inputs(site, name, tmp_path, probed):
     """Each model tunes with the inputs its rules describe (one without a batch axis by its

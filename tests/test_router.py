@@ -30,7 +30,7 @@ from tritonkit.loadtests.load import Load
 from tritonkit.loadtests.routed import route_requests
 from tritonkit.stats import inference_count
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.measures]
 
 MODEL = "mlp"
 FAST = {"max_queue_delay_us": 0}

@@ -30,6 +30,7 @@ def test_timing_counters_of_every_instance_add_up(tmp_path, monkeypatch):
 
 
 @pytest.mark.server
+@pytest.mark.measures
 def test_bench_serving_breaks_the_served_time_down(tmp_path):
     bench = run_serving_bench(tmp_path, max_batch=4, seconds=1.0, rounds=2, width=64, layers=2, log=lambda s: None)
     assert [r["batch"] for r in bench["rows"]] == [1, 4]

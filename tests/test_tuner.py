@@ -17,7 +17,7 @@ import yaml
 from tests.conftest import SERVED_SPEC, tritonkit, write_spec
 from tritonkit.stats import percentile
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.measures]
 
 # A 20 ms queue delay with nothing to fill it: at 300 req/s requests wait the whole delay, so
 # P95 is over the 12 ms SLO; a short delay meets it easily.

@@ -36,6 +36,7 @@ from tritonkit.clients import Client
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.loadtests.server_stats import breakdown
+from tritonkit.plots import pyplot
 from tritonkit.spec import Spec
 from tritonkit.tuner.apply import AsServed, LiveConfig, Reached
 from tritonkit.tuner.costmodel import CostModel, batch_for_rate, batch_points, delay_for, fit
@@ -251,11 +252,7 @@ def write_online_log(out_dir: Path, model: str, slo: float, state: OnlineState) 
 
 def plot_online(path: Path, windows: list[Window], slo: float, client_p95: list[tuple[float, float]] = ()) -> None:
     """Rate, latency and the delay in force per window; `client_p95` adds what a load test saw."""
-    import matplotlib  # here, not at the top: the sidecar's loop never needs it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     t = [w.t_s for w in windows]
     fig, (a1, a2, a3) = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
     a1.plot(t, [w.rate for w in windows], drawstyle="steps-post")

@@ -13,19 +13,15 @@ import json
 import math
 from pathlib import Path
 
-import matplotlib
 import yaml
 
-matplotlib.use("Agg")  # no display on edge machines and in CI
-
-import matplotlib.pyplot as plt  # noqa: E402
-
-from tritonkit.files import write_bytes_atomic  # noqa: E402
-from tritonkit.loadtests.results import SCHEMA  # noqa: E402
-from tritonkit.spec import TUNED_FILE, Spec  # noqa: E402
-from tritonkit.tuner.knobs import Knobs  # noqa: E402
-from tritonkit.tuner.offline import Score, Tuning  # noqa: E402
-from tritonkit.tuner.trials import Trial  # noqa: E402
+from tritonkit.files import write_bytes_atomic
+from tritonkit.loadtests.results import SCHEMA
+from tritonkit.plots import pyplot
+from tritonkit.spec import TUNED_FILE, Spec
+from tritonkit.tuner.knobs import Knobs
+from tritonkit.tuner.offline import Score, Tuning
+from tritonkit.tuner.trials import Trial
 
 CSV_KEYS = ("n", "phase", "label", "rate", "requests", "ok_rps", "p50_ms", "p95_ms", "p99_ms", "error_ratio",
             "mean_batch", "passed", "seconds", "note", "client_p95_ms", "server_ms", "overhead_ms", "stalled_ms",
@@ -105,6 +101,7 @@ def write_tuned(spec: Spec, model: str, k: Knobs, about: dict) -> Path:
 
 
 def plot_trials(path: Path, trials: list[Trial], tuning: Tuning) -> None:
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for phase, marker in (("baseline", "s"), ("calibrate", "x"), ("start", "D"), ("neighbour", "o"),
                           ("incumbent", "P"), ("overload", "v"), ("confirm", "*")):
