@@ -96,11 +96,12 @@ def from_real_trials(trials_files: list[Path], rules: Rules = RULES) -> dict:
         for t in d["trials"]:
             if t["rate"] and t["phase"] not in ("confirm", "overload", "calibrate", "speed"):
                 by_rung.setdefault((t["label"], round(t["rate"], 1)), []).append(t)
-        spread = (d.get("noise") or {}).get("p95_spread") or rules.prior_spread
+        noise = d.get("noise") or {}  # p95_spread: the key before it was named for what it is
+        log_sd = noise.get("p95_log_sd") or noise.get("p95_spread") or rules.prior_log_sd
         for runs in by_rung.values():
             rungs += 1
             first = runs[0]
-            settled = first["p95_ms"] is not None and clear(first["p95_ms"], first["passed"], target, spread, rules)
+            settled = first["p95_ms"] is not None and clear(first["p95_ms"], first["passed"], target, log_sd, rules)
             one_run += len(runs) == 1 and settled
         # a confirmation rung's pooled verdict is what the tuning did next: it stopped there
         # (confirmed) or stepped down to the next rung
@@ -133,7 +134,7 @@ def real_case(case: str, out_dir: Path, *, engine: str, log: Callable[[str], Non
     for i, (name, rules) in enumerate(VARIANTS.items()):
         log(f"==== {case}, {name}")
         r = tune_offline(spec, model, folder / "repo", folder / f"state{i}", folder / f"tune{i}",
-                         margin=rules.slo_margin, window=TrialWindow(engine=engine), write_decision=False,
+                         window=TrialWindow(engine=engine), write_decision=False,
                          rules=rules, log=log)
         t = r.tuning
         rows[name] = {"entrant": f"v{i}", "winner": t.best.knobs.label(), "confirmed": t.confirmed,

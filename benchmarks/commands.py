@@ -43,7 +43,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         model = a.model or spec.models[0].name
         traits = probe_once(a.state_dir, say)  # both sides obey the probe, as `tritonkit tune` does
         run_tuner_bench(spec, model, a.repo, a.state_dir, a.out, p95_ms=s.p95_ms, max_trials=s.max_trials,
-                        margin=s.margin, window=TrialWindow(max_s=s.max_trial_s, engine=s.engine),
+                        rules=s.rules, window=TrialWindow(max_s=s.max_trial_s, engine=s.engine),
                         confirmations=a.confirmations,
                         traits=traits, log=say)
         say(f"wrote {a.out / 'bench_tuner.json'}")

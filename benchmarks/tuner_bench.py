@@ -41,6 +41,7 @@ from tritonkit.tuner.offline import Score, Search, confirm
 from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.run import max_batch_bound, objective_for
 from tritonkit.tuner.settings import TuneSettings
+from tritonkit.tuner.strategy import EveryCandidate, drive
 from tritonkit.tuner.trials import LocalServer, Trials, TrialWindow
 
 GRID_START_RPS = 200.0  # a coarse ladder: a config that cannot serve this is nowhere near the best
@@ -54,13 +55,16 @@ TRIALS_SHARE = 0.15
 MIN_TUNER_TRIALS = 12
 
 
-def screen(trials: Trials, points: list[Knobs]) -> list[Score]:
-    """Every config up the rate ladder, best first. Where none held the first rung (a box slower
-    than the ladder assumes), all of them again from half that rate, down to GRID_MIN_RPS, so
-    that the grid has a figure wherever the tuner can have one."""
+def screen(trials: Trials, points: list[Knobs], rules: Rules = RULES) -> list[Score]:
+    """Every config up the rate ladder, best first (the grid's strategy: every candidate once,
+    `tuner/strategy.py`). Where none held the first rung (a box slower than the ladder assumes),
+    all of them again from half that rate, down to GRID_MIN_RPS, so that the grid has a figure
+    wherever the tuner can have one."""
     start = GRID_START_RPS
     while True:
-        screened = [s for s in (grid_capacity(trials, k, start) for k in points) if s.rate]
+        grid_search = EveryCandidate(points)
+        drive(grid_search, lambda k, start=start: grid_capacity(trials, k, start, rules), lambda: True)
+        screened = [s for _, s in grid_search.results if s.rate]
         if screened or start / 2 < GRID_MIN_RPS:
             return sorted(screened, key=lambda s: -s.rate)
         start /= 2
@@ -88,10 +92,10 @@ def grid_capacity(trials: Trials, k: Knobs, start: float = GRID_START_RPS, rules
 def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
                     p95_ms: float | None = None, max_trials: int = TuneSettings.max_trials,
                     window: TrialWindow | None = None,
-                    margin: float = RULES.slo_margin, confirmations: int = 3,
+                    rules: Rules = RULES, confirmations: int = 3,
                     traits: ServerTraits | None = None, final_judge: Callable[..., dict] = judge,
                     log: Callable[[str], None] = print) -> dict:
-    objective = objective_for(spec, model, p95_ms, None, TuneSettings.max_errors, margin)
+    objective = objective_for(spec, model, p95_ms, None, TuneSettings.max_errors, rules)
     bound = max_batch_bound(spec, model)
     window = window or TrialWindow()
     with repository_lock(repo):
@@ -106,29 +110,31 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
             points = grid(powers_of_two(bound))
             log(f"==== the grid: {len(points)} configs")
             t0, grid_trials = time.perf_counter(), trials()
-            screened = screen(grid_trials, points)
+            screened = screen(grid_trials, points, rules)
             # the same rules as the tuner's from here: the probe's, majority-of-runs rates, then the
             # same confirmation
-            rules = Search(grid_trials, objective, bound, 10 ** 6, log, traits)
-            stalling = {k.label() for k in points if rules.stalls(k)}
+            referee = Search(grid_trials, objective, bound, 10 ** 6, log, traits, rules)
+            stalling = {k.label() for k in points if referee.stalls(k)}
             if stalling:
                 log(f"== {len(stalling)} of the grid's configs are no finalists: {traits.describe()}")
             safe = [s for s in screened if s.knobs.label() not in stalling]
             log(f"== the grid's {GRID_FINALISTS} best, by the tuner's rules")
-            finalists = [rules.sustained(s.knobs, s.rate, "grid") for s in safe[:GRID_FINALISTS]]
+            finalists = [referee.sustained(s.knobs, s.rate, "grid") for s in safe[:GRID_FINALISTS]]
             ranked = sorted((s for s in finalists if s.passed), key=lambda s: (-s.rate, -s.value))
             grid_best = None
             if ranked:
                 best = ranked[0]
                 log(f"== confirm the grid's best: {best.knobs.label()} at {best.rate:.0f} req/s")
-                grid_best = confirm(grid_trials, [best.knobs], best.rate, step_down=True, objective=objective)
+                grid_best = confirm(grid_trials, [best.knobs], best.rate, step_down=True, objective=objective,
+                                    rules=rules)
             grid_s = time.perf_counter() - t0
 
             budget = min(max_trials, max(MIN_TUNER_TRIALS, int(TRIALS_SHARE * len(grid_trials.trials))))
             log(f"==== the tuner: {budget} trials ({TRIALS_SHARE:.0%} of the grid's {len(grid_trials.trials)}, "
                 f"at most {max_trials})")
             t0, tuner_trials = time.perf_counter(), trials()
-            tuning = Search(tuner_trials, objective, bound, budget, log, traits).run(from_spec(spec.model(model)))
+            search = Search(tuner_trials, objective, bound, budget, log, traits, rules)
+            tuning = search.run(from_spec(spec.model(model)))
             tuner_s = time.perf_counter() - t0
 
             sides = {"tuner": tuning.best if tuning.confirmed else None, "grid": grid_best}
@@ -157,7 +163,7 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
     g.update(configs=len(points), best_unconfirmed_rps=ranked[0].value if ranked else None,
              stalling_configs=len(stalling),
              stalling_trials=sum(1 for x in grid_trials.trials if x.label in stalling))
-    t.update(noise_spread=tuning.noise_spread, margin=objective.margin)
+    t.update(noise_log_sd=tuning.noise_log_sd, margin=objective.margin)
     figures = {
         "objective": objective.describe(),
         "tuner": t, "grid": g,

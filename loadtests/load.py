@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from tritonkit.errors import InputError, flag_problem
+from tritonkit.slo import meets
 from tritonkit.stats import percentile
 
 OVERALL = "overall"
@@ -200,6 +201,11 @@ class RunFigures:
     ok_rps: float
     saturated: bool
     warning: str | None
+
+    def holds(self, p95_ms: float, max_errors: float) -> bool:
+        """The one per-run verdict of a run judged alone (the judge's, each entry of a traffic mix's):
+        a P95 within `p95_ms`, errors within `max_errors`, and a generator that kept up."""
+        return meets(self.p95_ms, p95_ms, self.error_ratio, max_errors) and not self.saturated
 
 
 def run_figures(load: Load, out: Outcome) -> RunFigures:

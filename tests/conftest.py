@@ -124,6 +124,7 @@ SERVED_SPEC = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
 def pytest_collection_modifyitems(items):
     """The suite runs in two workers (pytest-xdist, `--dist loadgroup`). Tests that assert a measured
     latency or throughput (marker `measures`) share one group, so they run one at a time in one

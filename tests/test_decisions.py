@@ -499,8 +499,8 @@ def test_the_noise_rules():
     for group in range(12):
         for _ in range(3):
             noise.observe(group, 20.0 * math.exp(0.3 * rng.normal()))
-    assert 0.2 < noise.spread < 0.4 and noise.repeats == 24
-    assert Noise().spread == pytest.approx(0.2)  # the prior alone
+    assert 0.2 < noise.log_sd < 0.4 and noise.repeats == 24
+    assert Noise().log_sd == pytest.approx(0.2)  # the prior alone
     # one run decides a rate only when it is far from the target
     assert clear(10.0, True, 25.0, 0.2) and not clear(22.0, True, 25.0, 0.2)
     assert clear(None, False, 25.0, 0.2) and clear(40.0, False, 25.0, 0.2) and not clear(28.0, False, 25.0, 0.2)

@@ -116,7 +116,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
         return 0
     window = TrialWindow(max_s=s.max_trial_s, engine=s.engine)
     common = {"p95_ms": s.p95_ms, "rps": s.rps, "max_trials": s.max_trials, "max_error_ratio": s.max_errors,
-              "max_batch": s.max_batch, "input_data": a.input_data, "margin": s.margin, "window": window, "log": say}
+              "max_batch": s.max_batch, "input_data": a.input_data, "rules": s.rules, "window": window, "log": say}
     if mode == "remote":
         # No ONNX graph needs to be here: the server has the model; the spec gives the SLO and the rules.
         spec = load_spec(a.spec, None, check_onnx=False)
@@ -166,7 +166,7 @@ def _tune_mix(a: argparse.Namespace, s: TuneSettings) -> int:
     repo = a.repo or DEFAULT_REPO
     spec = load_spec(a.spec, repo)
     tuning, runs, seconds = tune_mix(spec, repo, a.state_dir, a.out, max_trials=s.max_trials,
-                                     margin=s.margin, max_errors=s.max_errors, write_decision=True, log=say)
+                                     rules=s.rules, max_errors=s.max_errors, write_decision=True, log=say)
     say("\n" + format_mix(tuning))
     say(f"{len(runs)} runs of the mix in {seconds:.0f} s; wrote {a.out / 'mix.json'}")
     if not tuning.confirmed:

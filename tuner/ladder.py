@@ -1,13 +1,16 @@
 """The one walk to a rate's edge: where a candidate stops holding, found in few verdicts.
 
-Both searches use it, the offline one on request rates (`tuner/offline.py`) and the traffic mix's
-on scales of its mix (`tuner/mix.py`); what "holds" means (one clear run, else a majority,
-`tuner/noise.py`) is theirs to say through `holds`.
+Every search uses it: the offline tuner on request rates (`tuner/offline.py`), the traffic mix on
+scales of its mix (`tuner/mix.py`), the tuner bench's grid (`benchmarks/tuner_bench.py`); what
+"holds" means (one clear run, else a majority: `tuner/noise.py`, `settle`) is theirs to say
+through `holds`.
 
 From a value that holds, the edge is bracketed, then bisected: first the value a model predicts
 (if it lies more than a step above), then steps that double in log while they hold, then the
 geometric middle of the highest hold and the lowest miss, until the two are one `step` apart. A
 climb in equal steps would take n verdicts for an edge n steps away; this takes about 2 log2 n.
+From a value that misses, the walk goes down a step at a time, a few steps at most: a candidate
+that holds nothing far below where it was expected to is not worth more measurements.
 """
 
 from __future__ import annotations
@@ -37,3 +40,17 @@ def walk_up(hold: float, holds: Callable[[float], bool], step: float, more: Call
         else:
             miss = x
     return hold, miss
+
+
+def walk_down(miss: float, holds: Callable[[float], bool], step: float, more: Callable[[], bool],
+              max_steps: int) -> float | None:
+    """The first value that holds below `miss` (which missed), one `step` at a time, `max_steps`
+    at most; None when none did before the steps or the budget ran out."""
+    x = miss
+    for _ in range(max_steps):
+        if not more():
+            break
+        x /= step
+        if holds(x):
+            return x
+    return None

@@ -13,7 +13,7 @@ same Rules (tuner/rules.py):
 2. at the rung it missed, the entry furthest over its SLO is the bottleneck. One knob of one model
    moves at a time (batch x2 or /2, the delay a rung, one instance more or less): the bottleneck's
    models first, then the others' moves that give cores back (one instance fewer, a longer
-   delay, a larger batch). A move is kept when the mix holds the rung above the incumbent's
+   delay, a larger batch). A move wins when the mix holds the rung above the incumbent's
    scale, and then climbs;
 3. the winner is confirmed: `runs` runs at its scale, `mix_confirm_s` seconds in all (as long as
    the load test a user would check it with), each entry's requests pooled, every SLO met itself
@@ -40,14 +40,15 @@ from tritonkit.loadtests.results import SCHEMA
 from tritonkit.serving import Running, running
 from tritonkit.slo import ERROR_BOUND, meets
 from tritonkit.spec import Spec
-from tritonkit.stats import percentile
 from tritonkit.tuner import outputs
 from tritonkit.tuner.apply import LiveConfig, Models, Served
 from tritonkit.tuner.knobs import Knobs, from_spec, max_instances, neighbours
-from tritonkit.tuner.ladder import walk_up
-from tritonkit.tuner.noise import majority
+from tritonkit.tuner.ladder import walk_down, walk_up
+from tritonkit.tuner.noise import settle
+from tritonkit.tuner.pooled import pool
 from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.run import max_batch_bound
+from tritonkit.tuner.strategy import HillClimb, drive
 
 Configs = dict[str, Knobs]  # model -> its knobs
 
@@ -122,7 +123,7 @@ def judge_run(n: int, phase: str, scale: float, configs: Configs, entries: list[
                            "requests": f.requests, "p95_ms": None if f.p95_ms is None else round(f.p95_ms, 3),
                            "error_ratio": round(f.error_ratio, 4), "slo_ms": e.slo_ms}
         latencies[e.name] = f.ok_ms
-        held &= meets(f.p95_ms, e.slo_ms * (1 - margin), f.error_ratio, max_errors) and not f.saturated
+        held &= f.holds(e.slo_ms * (1 - margin), max_errors)
         ratio[e.name] = (f.p95_ms or float("inf")) / e.slo_ms + (f.error_ratio > max_errors)
     worst = max(ratio, key=ratio.get) if ratio else None
     return MixRun(n, phase, scale, {m: k.label() for m, k in configs.items()}, figures, held, worst, latencies)
@@ -163,12 +164,6 @@ class MixBox:
         run = judge_run(n, phase, scale, configs, entries, sent, margin, max_errors)
         self.keep()
         return run
-
-    def _reload(self, models: list[str]) -> None:
-        pipelines = [p.name for p in self.spec.pipelines if any(s.model in models for s in p.steps)]
-        for name in [*models, *pipelines]:
-            self.r.load(name)
-
 
 @dataclass
 class MixTuning:
@@ -212,39 +207,35 @@ class MixSearch:
         return run
 
     def holds(self, configs: Configs, scale: float, phase: str) -> tuple[bool, list[MixRun]]:
-        """Most of up to `rules.runs` runs hold; stops as soon as a majority agrees."""
-        runs: list[MixRun] = []
-        while True:
-            runs.append(self.measure(configs, scale, phase))
-            verdict = majority([r.held for r in runs], self.rules, final=self.left <= 0)
-            if verdict is not None:
-                return verdict, runs
+        """The one verdict (`noise.settle`): most of up to `rules.runs` runs hold (no run of a whole
+        mix is clear on its own: each entry is judged against its own SLO)."""
+        return settle(lambda: self.measure(configs, scale, phase), lambda r: r.held, lambda: self.left > 0,
+                      rules=self.rules)
 
-    def sustained(self, configs: Configs, scale: float, phase: str) -> tuple[float, MixRun | None]:
-        """The highest scale that holds, to within a rung: from a `scale` that holds, its edge
-        bracketed and bisected (`tuner/ladder.py`); from one that does not, down a rung at a time;
-        with the run that missed above it (whose worst entry is the bottleneck)."""
-        ok, runs = self.holds(configs, scale, phase)
+    def sustained(self, configs: Configs, scale: float, phase: str,
+                  given: list[MixRun] | None = None) -> tuple[float, MixRun | None]:
+        """The highest scale that holds, to within a rung, along the one ladder walk
+        (`tuner/ladder.py`): from a `scale` that holds, its edge bracketed and bisected; from one
+        that does not, down a rung at a time. With the run that missed above it (whose worst entry
+        is the bottleneck). `given`: runs at `scale` that already held there."""
+        ok, runs = (True, given) if given else self.holds(configs, scale, phase)
+        missed: dict[float, MixRun | None] = {scale: _missed(runs)}
+
+        def holds(x: float) -> bool:
+            ok, runs = self.holds(configs, x, phase)
+            missed[x] = _missed(runs)
+            return ok
+
+        def more() -> bool:
+            return self.left > 0
+
         if ok:
-            missed: dict[float, MixRun | None] = {}
-
-            def holds(x: float) -> bool:
-                ok, runs = self.holds(configs, x, phase)
-                missed[x] = None if ok else _missed(runs)
-                return ok
-
-            top, miss = walk_up(scale, holds, self.rules.rate_step, lambda: self.left > 0)
+            top, miss = walk_up(scale, holds, self.rules.rate_step, more)
             return top, None if miss is None else missed[miss]
-        missed = _missed(runs)
-        for _ in range(self.rules.max_steps_down):
-            if self.left <= 0:
-                break
-            scale /= self.rules.rate_step
-            ok, runs = self.holds(configs, scale, phase)
-            if ok:
-                return scale, missed
-            missed = _missed(runs)
-        return 0.0, missed
+        below = walk_down(scale, holds, self.rules.rate_step, more, self.rules.max_steps_down)
+        # the bottleneck: the entry worst over its SLO at the lowest scale that missed
+        lowest_miss = min((x for x in missed if below is None or x > below), default=scale)
+        return (0.0 if below is None else below), missed[lowest_miss]
 
     def moves(self, configs: Configs, bottleneck: str | None) -> Iterator[Configs]:
         """One knob of one model at a time: every move of the bottleneck's models, then the moves
@@ -263,42 +254,35 @@ class MixSearch:
                     yield {**configs, model: k}
 
     def run(self, start: Configs, start_scale: float = 1.0) -> MixTuning:
+        """Hill climbing over the joint config (`tuner/strategy.py`): a move wins when the mix
+        holds the rung above the incumbent's scale, and then walks to its own edge."""
         self.log(f"== the start: {_configs(start)}")
         scale, missed = self.sustained(start, start_scale, "start")
         tuning = MixTuning(self.entries, start, scale, start, scale, False,
                            stopped_because="no move held the rung above the incumbent's scale")
-        tried = {_key(start)}
-        incumbent, improved = start, True
-        while improved and scale > 0:
-            improved = False
+        if scale <= 0:
+            return tuning
+
+        def moves(configs: Configs, reached: tuple[float, MixRun | None]) -> Iterator[Configs]:
+            scale, missed = reached
             bottleneck = missed.worst if missed else None
             self.log(f"== from x{scale:.2f}; bottleneck: {bottleneck or '-'}")
-            for move in self.moves(incumbent, bottleneck):
-                if _key(move) in tried:
-                    continue
-                if self.left < self.rules.runs:
-                    tuning.stopped_because = f"trial budget ({self.max_trials} runs) used"
-                    break
-                tried.add(_key(move))
-                above = scale * self.rules.rate_step
-                ok, runs = self.holds(move, above, "move")
-                changed = next(f"{m}: {k.label()}" for m, k in move.items() if incumbent[m] != k)
-                self.log(f"    {'kept' if ok else 'not kept'}: {changed} {'holds' if ok else 'misses'} x{above:.2f}")
-                if ok:
-                    incumbent = move
-                    scale, missed = above, None
-                    while self.left > 0:  # climb from the rung it held
-                        up = scale * self.rules.rate_step
-                        ok, runs = self.holds(move, up, "move")
-                        if not ok:
-                            missed = _missed(runs)
-                            break
-                        scale = up
-                    improved = True
-                    break
-        tuning.best, tuning.scale = incumbent, scale
-        if scale > 0:
-            self.confirm(tuning)
+            yield from self.moves(configs, bottleneck)
+
+        climb = HillClimb(start, (scale, missed), moves, key=_key)
+
+        def measure(move: Configs) -> tuple[float, MixRun | None] | None:
+            incumbent, (scale, _) = climb.incumbent, climb.result
+            above = scale * self.rules.rate_step
+            ok, runs = self.holds(move, above, "move")
+            changed = next(f"{m}: {k.label()}" for m, k in move.items() if incumbent[m] != k)
+            self.log(f"    {'won' if ok else 'lost'}: {changed} {'holds' if ok else 'misses'} x{above:.2f}")
+            return self.sustained(move, above, "move", given=runs) if ok else None
+
+        if not drive(climb, measure, lambda: self.left >= self.rules.runs):
+            tuning.stopped_because = f"trial budget ({self.max_trials} runs) used"
+        tuning.best, (tuning.scale, _) = climb.incumbent, climb.result
+        self.confirm(tuning)
         return tuning
 
     def confirm(self, tuning: MixTuning) -> None:
@@ -329,16 +313,13 @@ class MixSearch:
 
 
 def pooled_figures(runs: list[MixRun], entries: list[Entry]) -> dict[str, dict]:
+    """Each entry's requests over `runs`, pooled (`tuner/pooled.py`)."""
     out = {}
     for e in entries:
-        lat = [x for r in runs for x in r.latencies.get(e.name, [])]
-        n = sum(r.figures[e.name]["requests"] for r in runs if e.name in r.figures)
-        failed = sum(r.figures[e.name]["requests"] * r.figures[e.name]["error_ratio"] for r in runs
-                     if e.name in r.figures)
-        out[e.name] = {"p95_ms": round(percentile(lat, 95), 3) if lat else None,
-                       "error_ratio": round(failed / n, 4) if n else 1.0, "requests": n,
-                       "ok_rps": round(statistics.mean(r.figures[e.name]["ok_rps"] for r in runs
-                                                       if e.name in r.figures), 1) if n else 0.0,
+        mine = [(r.latencies.get(e.name, []), r.figures[e.name]) for r in runs if e.name in r.figures]
+        p = pool((lat, f["requests"], f["error_ratio"]) for lat, f in mine)
+        out[e.name] = {"p95_ms": p.percentile(95), "error_ratio": round(p.error_ratio, 4), "requests": p.requests,
+                       "ok_rps": round(statistics.mean(f["ok_rps"] for _, f in mine), 1) if p.requests else 0.0,
                        "slo_ms": e.slo_ms}
     return out
 
@@ -370,7 +351,7 @@ def start_configs(spec: Spec, entries: list[Entry]) -> Configs:
 
 
 def tune_mix(spec: Spec, repo: Path, state_dir: Path, out_dir: Path, *, start: Configs | None = None,
-             max_trials: int = 40, margin: float = RULES.slo_margin, max_errors: float = ERROR_BOUND,
+             max_trials: int = 40, max_errors: float = ERROR_BOUND,
              load: Load | None = None, rules: Rules = RULES, write_decision: bool = False,
              log: Callable[[str], None] = print) -> tuple[MixTuning, list[MixRun], float]:
     """The spec's traffic mix tuned together (module doc); with `write_decision`, a confirmed
@@ -383,8 +364,8 @@ def tune_mix(spec: Spec, repo: Path, state_dir: Path, out_dir: Path, *, start: C
         with box.r.client() as c:
             about = {"url": box.r.endpoints.grpc, "started_by": "the kit's bundled server",
                      "version": c.server_version(), "backend": "python"}
-        search = MixSearch(box, entries, max_trials=max_trials, margin=margin, max_errors=max_errors, load=load,
-                           rules=rules, log=log)
+        search = MixSearch(box, entries, max_trials=max_trials, margin=rules.slo_margin, max_errors=max_errors,
+                           load=load, rules=rules, log=log)
         tuning = search.run(start or start_configs(spec, entries))
     seconds = time.perf_counter() - t0
     write_bytes_atomic(Path(out_dir) / "mix.json", json.dumps({

@@ -1,12 +1,12 @@
 """How far one short measurement can be trusted on the machine at hand, and the rules that decide
 with it. Near capacity, on a shared box, the P95 of one 3 s run of one config at one rate can
 differ from the next run's by half; every keep/revert and every sustained rate here
-therefore rests on repeated runs, judged against the measured run-to-run spread.
+therefore rests on repeated runs, judged against the measured run-to-run noise.
 
-- The spread: the standard deviation of log P95 between repeated runs of one config at one rate,
+- The noise, `log_sd`: the standard deviation of log P95 between repeated runs of one config at one rate,
   pooled over every (config, rate) measured more than once in this tuning, shrunk toward a prior
   while few repeats exist. Log, so that it is relative: 0.2 means runs are typically 20% apart.
-- A run is clear when its P95 is more than two spreads from the target: that one run decides.
+- A run is clear when its P95 is more than two log SDs from the target: that one run decides.
   Otherwise up to three runs at that rate, and the majority decides.
 - A candidate beats the incumbent only in interleaved runs (C I I C: a machine that drifts
   linearly over the four runs hits both sides alike), when it is faster in every pair and its
@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from tritonkit.tuner.rules import RULES, Rules
 
@@ -40,15 +41,15 @@ class Noise:
         return sum(len(xs) - 1 for xs in self.runs.values() if len(xs) > 1)
 
     @property
-    def spread(self) -> float:
+    def log_sd(self) -> float:
         ss = 0.0
         for xs in self.runs.values():
             if len(xs) > 1:
                 m = sum(xs) / len(xs)
                 ss += sum((x - m) ** 2 for x in xs)
         r = self.rules
-        pooled_var = (r.prior_weight * r.prior_spread ** 2 + ss) / (r.prior_weight + self.repeats)
-        return max(r.min_spread, math.sqrt(pooled_var))
+        pooled_var = (r.prior_weight * r.prior_log_sd ** 2 + ss) / (r.prior_weight + self.repeats)
+        return max(r.min_log_sd, math.sqrt(pooled_var))
 
     def typical(self, key: Hashable) -> float | None:
         """The median P95 measured for `key`, None when never measured."""
@@ -56,13 +57,13 @@ class Noise:
         return math.exp(statistics.median(xs)) if xs else None
 
 
-def clear(p95_ms: float | None, passed: bool, target_ms: float, spread: float, rules: Rules = RULES) -> bool:
+def clear(p95_ms: float | None, passed: bool, target_ms: float, log_sd: float, rules: Rules = RULES) -> bool:
     """Does one run decide its rate? A fail with no latency or too many errors does; otherwise a
-    P95 more than `rules.clear` spreads from the target, on the side its verdict says."""
+    P95 more than `rules.clear` log SDs from the target, on the side its verdict says."""
     if p95_ms is None or not math.isfinite(p95_ms):
         return not passed
     distance = math.log(p95_ms / target_ms)
-    return distance < -rules.clear * spread if passed else distance > rules.clear * spread
+    return distance < -rules.clear * log_sd if passed else distance > rules.clear * log_sd
 
 
 def majority(verdicts: list[bool], rules: Rules = RULES, final: bool = False) -> bool | None:
@@ -76,12 +77,35 @@ def majority(verdicts: list[bool], rules: Rules = RULES, final: bool = False) ->
     return 2 * passes > len(verdicts) if final else None
 
 
-def wins(pairs: list[tuple[float, float]], spread: float, rules: Rules = RULES) -> bool:
+T = TypeVar("T")  # one run, as the caller measures it
+
+
+def settle(measure: Callable[[], T], held: Callable[[T], bool], more: Callable[[], bool],
+           is_clear: Callable[[T], bool] = lambda run: False, runs: list[T] | None = None,
+           rules: Rules = RULES) -> tuple[bool, list[T]]:
+    """The one verdict at one rate: hold or miss, and the runs behind it. A first run that
+    `is_clear` decides alone; otherwise runs until a majority of `rules.runs` agrees; once `more()`
+    says the budget is spent, the runs so far decide (a tie misses). `runs`: runs already made there."""
+    runs = list(runs or [])
+    while True:
+        if runs:
+            verdicts = [held(r) for r in runs]
+            verdict = majority(verdicts, rules)
+            if verdict is None and len(runs) == 1 and is_clear(runs[0]):
+                verdict = verdicts[0]
+            if verdict is None and not more():
+                verdict = majority(verdicts, rules, final=True)
+            if verdict is not None:
+                return verdict, runs
+        runs.append(measure())
+
+
+def wins(pairs: list[tuple[float, float]], log_sd: float, rules: Rules = RULES) -> bool:
     """(candidate P95, incumbent P95) of runs measured next to each other (math.inf: the run
     failed). The candidate wins when it is faster in every pair and its mean log gain exceeds
-    `rules.z` standard errors of a mean of paired differences (each pair: two runs of `spread`)."""
+    `rules.z` standard errors of a mean of paired differences (each pair: two runs of `log_sd`)."""
     if not pairs or any(not math.isfinite(c) for c, _ in pairs):
         return False
     gains = [math.log(i / c) if math.isfinite(i) else math.inf for c, i in pairs]
-    needed = max(rules.min_gain, rules.z * spread * math.sqrt(2 / len(pairs)))
+    needed = max(rules.min_gain, rules.z * log_sd * math.sqrt(2 / len(pairs)))
     return all(g > 0 for g in gains) and sum(gains) / len(gains) > needed

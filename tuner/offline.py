@@ -9,7 +9,7 @@ taken against the run-to-run noise of the machine at hand (tuner/noise.py).
 4. Hill climbing: one knob at a time (batch x2 or /2, delay one rung up or one or two down the
    ladder, one instance more or less), best-predicted first. A neighbour is screened by one run at
    the incumbent's rate; one that is not faster there than the incumbent usually is costs that
-   run only. Otherwise interleaved runs (C I I C) decide: it is kept only when it is faster in
+   run only. Otherwise interleaved runs (C I I C) decide: it wins only when it is faster in
    both pairs by more than the measured noise, and holds the target in both. A candidate that
    `tritonkit probe` found stalls the server is never proposed.
 5. The queue policy that protects the SLO is derived for the winner from measured times, checked
@@ -19,7 +19,7 @@ taken against the run-to-run noise of the machine at hand (tuner/noise.py).
    until they do.
 
 A sustained rate is the highest rate on the ladder (steps of self.rules.rate_step) that holds in most runs:
-one run decides a rate only when its P95 is far (two spreads) from the target, else the majority
+one run decides a rate only when its P95 is far (two log SDs of the noise) from the target, else the majority
 of up to three. Every trial must meet the target, the SLO less a margin (`Objective.margin`), so
 that the written config still meets the SLO on a bad minute.
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from tritonkit.server_traits import ServerTraits, stall_risk
@@ -39,8 +39,8 @@ from tritonkit.slo import ERROR_BOUND, meets
 from tritonkit.spec import QueuePolicy
 from tritonkit.tuner.costmodel import CostModel, batch_points, delay_for, fit
 from tritonkit.tuner.knobs import Knobs, max_instances, neighbours, on_ladder, powers_of_two
-from tritonkit.tuner.ladder import walk_up
-from tritonkit.tuner.noise import Noise, clear, majority, wins
+from tritonkit.tuner.ladder import walk_down, walk_up
+from tritonkit.tuner.noise import Noise, clear, majority, settle, wins
 from tritonkit.tuner.pooled import pooled, pooled_verdict
 from tritonkit.tuner.protect import (
     Budget,
@@ -51,6 +51,7 @@ from tritonkit.tuner.protect import (
     tightened,
 )
 from tritonkit.tuner.rules import RULES, Rules
+from tritonkit.tuner.strategy import HillClimb, drive
 from tritonkit.tuner.trials import Trial, Trials
 
 
@@ -103,7 +104,7 @@ class Tuning:
     confirmed: bool = False
     stopped_because: str = ""
     policy_note: str = ""  # why the winner has no protective queue policy, when it has none
-    noise_spread: float | None = None  # run-to-run spread of log P95 measured on this machine
+    noise_log_sd: float | None = None  # run-to-run standard deviation of log P95 measured on this machine
     noise_repeats: int = 0  # repeated runs behind it (0: the prior alone)
     # the machine's own speed at the start and the end: {"batch", "start_ms", "end_ms", "change"}
     speed: dict | None = None
@@ -169,22 +170,14 @@ class Search:
 
     def verdict_at(self, k: Knobs, rate: float, phase: str,
                    runs: list[Trial] | None = None) -> tuple[bool, list[Trial]]:
-        """Does `k` meet the target at `rate`? One run when it is clear, else the majority of three.
-        `runs`: runs at this rate already made."""
-        runs = list(runs or [])
-        while True:
-            if runs:
-                t = runs[-1]
-                verdict = majority([r.passed for r in runs], self.rules)
-                if verdict is None and len(runs) == 1 and clear(
-                        None if math.isinf(self.p95(t)) else t.p95_ms, t.passed, self.obj.target_p95_ms,
-                        self.noise.spread, self.rules):
-                    verdict = t.passed
-                if verdict is None and self.budget_left <= 0:
-                    verdict = majority([r.passed for r in runs], self.rules, final=True)
-                if verdict is not None:
-                    return verdict, runs
-            runs.append(self.measure(k, rate, phase))
+        """Does `k` meet the target at `rate`? The one verdict (`noise.settle`): one run when it is
+        clear, else the majority of three. `runs`: runs at this rate already made."""
+        def is_clear(t: Trial) -> bool:
+            p95 = None if math.isinf(self.p95(t)) else t.p95_ms
+            return clear(p95, t.passed, self.obj.target_p95_ms, self.noise.log_sd, self.rules)
+
+        return settle(lambda: self.measure(k, rate, phase), lambda t: t.passed, lambda: self.budget_left > 0,
+                      is_clear, runs, self.rules)
 
     def _score(self, k: Knobs, rate: float, runs: list[Trial], ok: bool) -> Score:
         if self.obj.rps:  # latency: the median P95 of the runs, whether they passed or not
@@ -205,42 +198,34 @@ class Search:
         return self.sustained(k, start_rate or 100.0, phase)
 
     def sustained(self, k: Knobs, rate: float, phase: str, given: list[Trial] | None = None) -> Score:
-        """The highest rate that holds in most runs, to within one rung (`Rules.rate_step`). From a
-        `rate` that holds, the edge is bracketed, then bisected: first the rate the cost model
-        predicts `k` sustains (`start_rate`), then steps that double (in log) while they hold, then
-        the geometric middle of the highest hold and the lowest miss until they are a rung apart.
-        From a `rate` that misses, it steps down a rung at a time; one failed run per rung is enough
-        there (a rung too low costs the figure one rung), and the first pass must hold in most runs.
+        """The highest rate that holds in most runs, to within one rung (`Rules.rate_step`), along
+        the one ladder walk (`tuner/ladder.py`). From a `rate` that holds, the edge is bracketed
+        (first at the rate the cost model predicts `k` sustains, `start_rate`) and bisected. From a
+        `rate` that misses, it steps down a rung at a time; one failed run per rung is enough there
+        (a rung too low costs the figure one rung), and the first pass must hold in most runs.
         `given`: runs at `rate` that already held there."""
         ok, runs = (True, given) if given else self.verdict_at(k, rate, phase)
-        best = self._score(k, rate, runs, ok)
-        if ok:
-            return self._bracketed(k, rate, best, phase)
-        for _ in range(self.rules.max_steps_down):
-            if self.budget_left <= 0:
-                break
-            rate /= self.rules.rate_step
-            first = self.measure(k, rate, phase)
-            if not first.passed:
-                continue
-            ok, runs = self.verdict_at(k, rate, phase, [first])
-            if ok:
-                best = self._score(k, rate, runs, True)
-                break
-        return best
+        scores = {rate: self._score(k, rate, runs, ok)}
 
-    def _bracketed(self, k: Knobs, hold: float, best: Score, phase: str) -> Score:
-        scores = {hold: best}
-
-        def holds(rate: float) -> bool:
-            ok, runs = self.verdict_at(k, rate, phase)
+        def holds(x: float, first: Trial | None = None) -> bool:
+            ok, runs = self.verdict_at(k, x, phase, [first] if first else None)
             if ok:
-                scores[rate] = self._score(k, rate, runs, True)
+                scores[x] = self._score(k, x, runs, True)
             return ok
 
-        predicted = self.start_rate(self.cm, k) if self.cm else None
-        top, _ = walk_up(hold, holds, self.rules.rate_step, lambda: self.budget_left > 0, predicted)
-        return scores[top]
+        def holds_below(x: float) -> bool:
+            first = self.measure(k, x, phase)
+            return first.passed and holds(x, first)
+
+        def more() -> bool:
+            return self.budget_left > 0
+
+        if ok:
+            predicted = self.start_rate(self.cm, k) if self.cm else None
+            top, _ = walk_up(rate, holds, self.rules.rate_step, more, predicted)
+        else:
+            top = walk_down(rate, holds_below, self.rules.rate_step, more, self.rules.max_steps_down)
+        return scores[rate if top is None else top]
 
     def challenge(self, inc: Score, k: Knobs, phase: str = "neighbour") -> Score | None:
         """`k`'s score when it beats the incumbent, else None.
@@ -264,7 +249,7 @@ class Search:
                 return None
             above = inc.rate * self.rules.rate_step
             ok, runs = self.verdict_at(k, above, phase)
-            self.log(f"    {'kept' if ok else 'not kept'}: {'holds' if ok else 'misses'} {above:.0f} req/s, the rung "
+            self.log(f"    {'won' if ok else 'lost'}: {'holds' if ok else 'misses'} {above:.0f} req/s, the rung "
                      f"above the incumbent's {inc.rate:.0f}")
             return self.sustained(k, above, phase, given=runs) if ok else None
         rate = self.obj.rps
@@ -279,9 +264,9 @@ class Search:
         c1 = self.measure(k, rate, phase)
         pairs = [(self.p95(c0), self.p95(i1)), (self.p95(c1), self.p95(i2))]
         held = c0.passed and c1.passed
-        won = wins(pairs, self.noise.spread, self.rules) and (held or not inc.passed)
-        self.log(f"    {'kept' if won else 'not kept'}: P95 {_pairs(pairs)} ms against the incumbent's; "
-                 f"noise {self.noise.spread:.2f}")
+        won = wins(pairs, self.noise.log_sd, self.rules) and (held or not inc.passed)
+        self.log(f"    {'won' if won else 'lost'}: P95 {_pairs(pairs)} ms against the incumbent's; "
+                 f"noise {self.noise.log_sd:.2f}")
         return self._score(k, rate, [c0, c1], held) if won else None
 
     # -- the model-guided start -------------------------------------------------------------------
@@ -349,34 +334,37 @@ class Search:
             # baseline's rate): a rate search of its own would measure what the baseline's did
             incumbent = self.challenge(baseline, start, "start") or baseline
         log("== hill climbing")
-        tried = {baseline.knobs, start}
-        stopped = "no neighbour beat the incumbent by more than the noise"
-        improved = True
-        while improved:
-            improved = False
-            for k in self._ordered(neighbours(incumbent.knobs, self.bound, self.most_instances, self.rules), cm):
-                if k in tried:
+        skipped: set[Knobs] = set()
+
+        def moves(k: Knobs, _: Score) -> Iterator[Knobs]:
+            """One knob at a time, best predicted first; never one the probe found stalls the server."""
+            for n in self._ordered(neighbours(k, self.bound, self.most_instances, self.rules), cm):
+                if why := self.stalls(n):
+                    if n not in skipped:
+                        skipped.add(n)
+                        log(f"    skipped {n.label()}: {why}")
                     continue
-                if self.stalls(k):  # never proposed: the probe found this server stalls on it
-                    tried.add(k)
-                    log(f"    skipped {k.label()}: {self.stalls(k)}")
-                    continue
-                if self.budget_left <= 0:
-                    stopped = f"trial budget ({self.max_trials}) used"
-                    break
-                tried.add(k)
-                score = self.challenge(incumbent, k)
-                if score is not None:
-                    log(f"    better: {k.label()}")
-                    incumbent, improved = score, True
-                    break
+                yield n
+
+        climb = HillClimb(incumbent.knobs, incumbent, moves, tried=[baseline.knobs, start])
+
+        def measure(k: Knobs) -> Score | None:
+            score = self.challenge(climb.result, k)
+            if score is not None:
+                log(f"    better: {k.label()}")
+            return score
+
+        exhausted = drive(climb, measure, lambda: self.budget_left > 0)
+        incumbent = climb.result
+        stopped = "no neighbour beat the incumbent by more than the noise" if exhausted else \
+            f"trial budget ({self.max_trials}) used"
         tuning = Tuning(self.obj, baseline, incumbent, cm, self.bound, stopped_because=stopped)
         if incumbent.passed:
             self._protect_and_confirm(tuning, cm)
         elif not self.obj.rps:
             self._lower_and_confirm(tuning)
-        tuning.noise_spread, tuning.noise_repeats = round(self.noise.spread, 3), self.noise.repeats
-        log(f"noise: P95 of one config at one rate varies by {self.noise.spread:.0%} from run to run here "
+        tuning.noise_log_sd, tuning.noise_repeats = round(self.noise.log_sd, 3), self.noise.repeats
+        log(f"noise: P95 of one config at one rate varies by {self.noise.log_sd:.0%} from run to run here "
             f"({self.noise.repeats} repeated runs{'' if self.noise.repeats else ': the prior alone'})")
         return tuning
 

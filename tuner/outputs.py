@@ -48,7 +48,7 @@ def log_json(model: str, tuning: Tuning, trials: list[Trial], seconds: float, ab
         "objective": {"kind": tuning.objective.kind, "slo_p95_ms": tuning.objective.slo_p95_ms,
                       "margin": tuning.objective.margin, "target_p95_ms": round(tuning.objective.target_p95_ms, 3),
                       "rps": tuning.objective.rps, "max_error_ratio": tuning.objective.max_error_ratio},
-        "noise": {"p95_spread": tuning.noise_spread, "repeated_runs": tuning.noise_repeats},
+        "noise": {"p95_log_sd": tuning.noise_log_sd, "repeated_runs": tuning.noise_repeats},
         "speed": tuning.speed,
         "bound": tuning.bound,
         "cost_model": tuning.cost_model.to_json() if tuning.cost_model else None,
@@ -150,10 +150,10 @@ def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial],
     if o.margin:
         lines += [f"Margin: every trial had to meet P95 <= {o.target_p95_ms:.3g} ms, the SLO less {o.margin:.0%}, "
                   f"so that the written config still meets {o.slo_p95_ms:g} ms on a slower minute.", ""]
-    if tuning.noise_spread is not None:
-        lines += [f"Noise: the P95 of one config at one rate varied by {tuning.noise_spread:.0%} (log standard "
+    if tuning.noise_log_sd is not None:
+        lines += [f"Noise: the P95 of one config at one rate varied by {tuning.noise_log_sd:.0%} (log standard "
                   f"deviation) from run to run on this machine, from {tuning.noise_repeats} repeated runs; a "
-                  "neighbour was kept only when it beat the incumbent in interleaved runs by more than that.", ""]
+                  "neighbour won only when it beat the incumbent in interleaved runs by more than that.", ""]
     if tuning.speed:
         sp = tuning.speed
         lines += [f"Machine speed: one batch of {sp['batch']} took {sp['start_ms']:.2f} ms at the start of this "

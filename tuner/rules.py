@@ -33,10 +33,10 @@ class Rules:
     ceiling: bool = True
 
     # -- noise (tuner/noise.py) ------------------------------------------------------------------
-    prior_spread: float = 0.2  # repeated runs near capacity on a shared 2-core box spread 0.1 to 0.4 (log P95)
+    prior_log_sd: float = 0.2  # repeated runs near capacity on a shared 2-core box: 0.1 to 0.4 (log P95)
     prior_weight: float = 2.0  # the prior counts as this many repeats until the machine's own come in
-    min_spread: float = 0.03  # a P95 of a few thousand requests is never more exact than this
-    clear: float = 2.0  # spreads from the target at which one run decides (math.inf: never one run)
+    min_log_sd: float = 0.03  # a P95 of a few thousand requests is never more exact than this
+    clear: float = 2.0  # log SDs from the target at which one run decides (math.inf: never one run)
     runs: int = 3  # runs at most for a majority verdict, and runs pooled in a confirmation
     z: float = 1.64  # one-sided 95%: a candidate's gain in P95 must be this many standard errors
     min_gain: float = 0.05  # and at least this much (log P95), however quiet the machine

@@ -45,19 +45,20 @@ def max_batch_bound(spec: Spec, model: str, limit: int | None = None) -> int:
 
 
 def objective_for(spec: Spec, model: str, p95_ms: float | None, rps: float | None,
-                  max_error_ratio: float, margin: float = RULES.slo_margin) -> Objective:
-    return Objective(slo_for(spec, model, p95_ms), rps, max_error_ratio, margin)
+                  max_error_ratio: float, rules: Rules = RULES) -> Objective:
+    """What a tuning aims at: the SLO (the flag's, else the spec's) less `rules.slo_margin`."""
+    return Objective(slo_for(spec, model, p95_ms), rps, max_error_ratio, rules.slo_margin)
 
 
 def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
                  p95_ms: float | None = None, rps: float | None = None,
                  max_trials: int = TuneSettings.max_trials, max_error_ratio: float = TuneSettings.max_errors,
-                 max_batch: int | None = None, window: TrialWindow | None = None, margin: float = RULES.slo_margin,
+                 max_batch: int | None = None, window: TrialWindow | None = None,
                  write_decision: bool = True, input_data: Path | None = None, rules: Rules = RULES,
                  log: Callable[[str], None] = print) -> TuneResult:
     """`spec` is the command's resolved spec (configs.loader, against `repo`): a model that
     `tritonkit build` prepared is tuned as built."""
-    objective = objective_for(spec, model, p95_ms, rps, max_error_ratio, margin)
+    objective = objective_for(spec, model, p95_ms, rps, max_error_ratio, rules)
     bound = max_batch_bound(spec, model, max_batch)
     t0 = time.perf_counter()
     traits = probe_once(state_dir, log)  # what the server does with a bounded queue, probed once per version
@@ -92,13 +93,13 @@ def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: P
 def tune_remote(spec: Spec, model: str, url: str, out_dir: Path, *, headers: dict[str, str], key_env: str,
                 repo: Path | None, in_place: bool = False, p95_ms: float | None = None, rps: float | None = None,
                 max_trials: int = TuneSettings.max_trials, max_error_ratio: float = TuneSettings.max_errors,
-                max_batch: int | None = None, window: TrialWindow | None = None, margin: float = RULES.slo_margin,
+                max_batch: int | None = None, window: TrialWindow | None = None,
                 input_data: Path | None = None, rules: Rules = RULES, write_decision: bool = True,
                 log: Callable[[str], None] = print) -> TuneResult:
     """The same search against a server the kit did not start (`tuner/remote.py`): trials on a shadow
     copy (or the model itself with `in_place`), the original config back and verified at the end.
     `spec` is parsed and checked without its ONNX graphs, which need not be on this machine."""
-    objective = objective_for(spec, model, p95_ms, rps, max_error_ratio, margin)
+    objective = objective_for(spec, model, p95_ms, rps, max_error_ratio, rules)
     t0 = time.perf_counter()
     with remote.session(url, model, headers, key_env, repo, in_place, log) as (server, served):
         start = remote.served_knobs(served.config)

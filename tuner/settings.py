@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tritonkit.errors import input_error, raise_flag_problems
 from tritonkit.slo import ERROR_BOUND
 from tritonkit.spec import Spec
-from tritonkit.tuner.rules import RULES
+from tritonkit.tuner.rules import RULES, Rules
 
 ENGINES = ("asyncio", "perf_analyzer")
 
@@ -37,6 +37,11 @@ class TuneSettings:
     interval_s: float = 5.0  # online: seconds per observation window
     cooldown_s: float = 15.0  # online: seconds between two changes
     duration_s: float | None = None  # online: None runs until Ctrl-C
+
+    @property
+    def rules(self) -> Rules:
+        """The tuner's rules with what the flags change in them (`--margin`)."""
+        return replace(RULES, slo_margin=self.margin)
 
     def __post_init__(self) -> None:
         raise_flag_problems([

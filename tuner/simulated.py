@@ -163,11 +163,11 @@ class TrueWorldTrials(SimulatedTrials):
     executions of min(clients, max batch) items at the world's true time. Without a seed: no noise."""
 
     def __init__(self, seed: int | None = None, target_p95_ms: float = SLO_MS, world: World = TRUE_WORLD,
-                 spread: float = 0.15, drift: float = 0.05, stall_share: float = 0.1, stall: float = 0.3):
+                 log_sd: float = 0.15, drift: float = 0.05, stall_share: float = 0.1, stall: float = 0.3):
         super().__init__()
         self.world, self.target_p95_ms = world, target_p95_ms
         self.rng = None if seed is None else np.random.default_rng(seed)
-        self.spread, self.drift, self.stall_share, self.stall, self.level = spread, drift, stall_share, stall, 0.0
+        self.log_sd, self.drift, self.stall_share, self.stall, self.level = log_sd, drift, stall_share, stall, 0.0
 
     def run(self, k: Knobs, load: Load, phase: str, classes=None) -> Trial:
         t = Trial(len(self.trials) + 1, phase, k.label(), k.to_json(), load.describe(), load.rate)
@@ -181,7 +181,7 @@ class TrueWorldTrials(SimulatedTrials):
         p95 = self.world.p95_ms(k, load.rate)
         if self.rng is not None and not math.isinf(p95):
             self.level = 0.7 * self.level + self.drift * self.rng.normal()
-            p95 *= math.exp(self.level + self.spread * self.rng.normal())
+            p95 *= math.exp(self.level + self.log_sd * self.rng.normal())
             if self.rng.random() < self.stall_share:
                 p95 *= 1 + self.stall
         t.p95_ms = None if math.isinf(p95) else round(p95, 3)
