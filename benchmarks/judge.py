@@ -33,6 +33,7 @@ from tritonkit.serving import running
 from tritonkit.slo import ERROR_BOUND
 from tritonkit.spec import ModelSpec, ServerSpec, Spec
 from tritonkit.stats import relative_range
+from tritonkit.tuner.ladder import walk_down, walk_up
 
 JUDGE_STEP = 1.05  # the figure's resolution: two configs differ by what they hold, not by a coarse rung
 START_ABOVE = 1.15  # the ladder starts this far above the highest claim, so a figure is an edge, not a claim
@@ -199,20 +200,17 @@ def verdict(out: Outcome, load: Load, entrant: str, engine: str, p95_ms: float, 
 
 
 def bracket(name: str, capacity: float, measure: Callable[[str, float], Run]) -> float:
-    """A claim for an entrant without one, in START_ABOVE steps: down from its capacity to the first
-    rate that holds, or, where the capacity itself holds (a closed loop that the client, not the
-    server, limited), up to the last rate that holds."""
-    if measure(name, capacity).held:
-        rate = capacity
-        while measure(name, rate * START_ABOVE).held:
-            rate *= START_ABOVE
-        return rate
-    rate = capacity / START_ABOVE
-    while rate > capacity / FLOOR_BELOW:
-        if measure(name, rate).held:
-            return rate
-        rate /= START_ABOVE
-    return rate
+    """A claim for an entrant without one, along the tuner's ladder walk (`tuner/ladder.py`) in
+    START_ABOVE steps but on the judge's own verdict (the plain SLO): down from its capacity to the
+    first rate that holds, or, where the capacity itself holds (a closed loop that the client, not
+    the server, limited), up to the edge."""
+    def holds(rate: float) -> bool:
+        return measure(name, rate).held
+
+    if holds(capacity):
+        return walk_up(capacity, holds, START_ABOVE, lambda: True)[0]
+    steps = math.ceil(math.log(FLOOR_BELOW) / math.log(START_ABOVE)) - 1  # every rung above capacity / FLOOR_BELOW
+    return walk_down(capacity, holds, START_ABOVE, lambda: True, steps) or capacity / START_ABOVE ** (steps + 1)
 
 
 def calibrate(url: str, name: str, m: ModelSpec, log: Callable[[str], None]) -> float:
