@@ -16,9 +16,9 @@ help:
 	@echo "make serve     serve $(SPEC)'s models locally until Ctrl-C"
 	@echo "make infer     one request to the served model (MODEL=edge_mlp)"
 	@echo "make validate  check $(SPEC) and its ONNX files"
-	@echo "make loadtest  measure MODEL at RATE req/s (exact percentiles, server breakdown) into out/loadtest"
+	@echo "make loadtest  measure MODEL at RPS req/s (exact percentiles, server breakdown) into out/loadtest"
 	@echo "make loadtest-ui  Locust web UI on :8089 against the served model (MODEL=edge_mlp; make serve first)"
-	@echo "make sweep     batch-size sweep of MODEL at RATE req/s: CSV, JSON, plots, report in out/sweep"
+	@echo "make sweep     batch-size sweep of MODEL at RPS req/s: CSV, JSON, plots, report in out/sweep"
 	@echo "make bench     8 of the 12 benchmarks, as ratios, into out/bench (over an hour on 2 cores): serving,"
 	@echo "              footprint, generators, overload, floor, tuner, peer, routing. The other four run Model"
 	@echo "              Analyzer or many whole tunings; run each on its own: tritonkit bench versus, tritonkit"
@@ -65,15 +65,15 @@ MODEL ?= edge_mlp
 infer: $(STAMP)
 	$(BIN)/tritonkit infer --model $(MODEL)
 
-RATE ?= 400
+RPS ?= 400
 DURATION ?= 10
 SHAPE ?= constant
 loadtest: $(STAMP) $(SAMPLE)
-	$(BIN)/tritonkit loadtest --spec $(SPEC) --repo $(REPO) --model $(MODEL) --rate $(RATE) --duration $(DURATION) \
+	$(BIN)/tritonkit loadtest --spec $(SPEC) --repo $(REPO) --model $(MODEL) --rps $(RPS) --duration $(DURATION) \
 		--shape $(SHAPE) --class interactive:1:1 --class bulk:3:2
 
 sweep: $(STAMP) $(SAMPLE)
-	$(BIN)/tritonkit sweep --spec $(SPEC) --repo $(REPO) --model $(MODEL) --rate $(RATE) --duration $(DURATION)
+	$(BIN)/tritonkit sweep --spec $(SPEC) --repo $(REPO) --model $(MODEL) --rps $(RPS) --duration $(DURATION)
 
 # 8 of the 12 benchmarks (docs/benchmarks.md), over an hour on 2 cores. The tuner's bench runs an
 # exhaustive grid as well (about half an hour); the floor bench measures how closely one config's

@@ -182,7 +182,8 @@ def register(sub) -> None:
     sp.add_argument("--out", type=Path, default=Path("out/bench"))
     sp.add_argument("--seconds", type=float, default=5.0, help="steady window of each run")
     sp.add_argument("--users", type=int, default=16, help="closed-loop clients for the capacity runs")
-    sp.add_argument("--rate", type=float, default=200.0, help="open-loop rate for the distortion runs")
+    sp.add_argument("--rps", "--rate", dest="rate", type=float, default=200.0,
+                    help="generators: open-loop rate for the distortion runs")
     sp.add_argument("--max-batch", type=int, default=16, help="serving: the largest batch (also 1 and 8)")
     sp.add_argument("--threads", type=int, default=1, help="serving: ONNX Runtime threads, raw and per instance")
     sp.add_argument("--instances", type=int, default=1, help="serving: instances of the served model")

@@ -1,10 +1,10 @@
-"""A circuit breaker per endpoint: stop sending where requests keep failing, and probe it back.
+"""A circuit breaker per endpoint: stop sending where requests keep failing, and try it again with one request.
 
-closed ──N consecutive failures──► open ──cool-down over──► half-open ──probe ok──► closed
+closed ──N consecutive failures──► open ──cool-down over──► half-open ──try ok──► closed
                                      ▲                          │
-                                     └──────probe failed────────┘
+                                     └──────try failed──────────┘
 
-Half-open lets exactly one request through at a time (the probe); the others go elsewhere. The
+Half-open lets exactly one request through at a time (the try); the others go elsewhere. The
 clock is injectable so the state machine can be checked without waiting.
 """
 
@@ -37,12 +37,12 @@ class CircuitBreaker:
         return self._state
 
     def available(self) -> bool:
-        """Could a request go here now? (Does not claim the half-open probe slot.)"""
+        """Could a request go here now? (Does not claim the half-open try.)"""
         state = self.state
         return state == CLOSED or (state == HALF_OPEN and not self._probing)
 
     def acquire(self) -> bool:
-        """Claim permission to send one request; in half-open that request is the probe."""
+        """Claim permission to send one request; in half-open that request is the try."""
         if not self.available():
             return False
         if self._state == HALF_OPEN:

@@ -21,6 +21,7 @@ from tritonkit.loadtests.results import error_share, format_result, format_route
 from tritonkit.loadtests.routed import measure_router, route_requests
 from tritonkit.loadtests.server_probe import probe
 from tritonkit.server import LocalTriton
+from tritonkit.slo import ERROR_BOUND
 from tritonkit.spec import ServerSpec
 
 FREE_PORTS = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
@@ -101,7 +102,8 @@ def load_args(sp: argparse.ArgumentParser, out: str) -> None:
     sp.add_argument("--model", required=True)
     sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
     sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
-    sp.add_argument("--rate", type=float, help="open loop: arrivals per second")
+    sp.add_argument("--rps", "--rate", dest="rate", type=float,
+                    help="open loop: arrivals per second (the name tune and slo.rps use; --rate is the same)")
     sp.add_argument("--arrival", choices=["poisson", "constant"], default="poisson")
     sp.add_argument("--users", type=int, help="closed loop: concurrent clients")
     sp.add_argument("--duration", type=float, default=10.0, help="steady window, seconds")
@@ -196,7 +198,7 @@ def register(sub) -> None:
     sp.add_argument("--url", help="HOST:PORT of a running server (HTTP for locust, gRPC for asyncio); "
                                   "default: start one from the spec")
     sp.add_argument("--metrics-url", help="with --url: Triton's metrics URL, for its summary quantiles")
-    sp.add_argument("--max-errors", type=float, default=0.01, metavar="SHARE",
+    sp.add_argument("--max-errors", type=float, default=ERROR_BOUND, metavar="SHARE",
                     help="exit with an error when more than this share of requests failed (default: %(default)g)")
     sp.add_argument("--router", metavar="HOST:PORT,HOST:PORT",
                     help="send through the router over these running servers' gRPC endpoints (edge first) with "

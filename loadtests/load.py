@@ -77,12 +77,12 @@ class Load:
     @classmethod
     def from_flags(cls, rate: float | None, users: int | None, duration_s: float, warmup_s: float,
                    arrival: str = "poisson", shape: str = "constant") -> Load:
-        """--rate/--users/--duration as the command line gives them, each refused with its flag."""
+        """--rps/--users/--duration as the command line gives them, each refused with its flag."""
         if not rate and not users:
-            raise InputError([flag_problem("--rate/--users", "give an arrival rate (--rate R) or a concurrency "
+            raise InputError([flag_problem("--rps/--users", "give an arrival rate (--rps R) or a concurrency "
                                                              "(--users N)")])
         if (rate is not None and rate <= 0) or (users is not None and users < 1) or duration_s <= 0:
-            raise InputError([flag_problem("--rate/--users/--duration", "use a rate > 0, users >= 1 and a "
+            raise InputError([flag_problem("--rps/--users/--duration", "use a rate > 0, users >= 1 and a "
                                                                         "duration > 0")])
         return cls(rate=rate, arrival=arrival, concurrency=users, duration_s=duration_s, warmup_s=warmup_s,
                    shape=shape)

@@ -90,7 +90,7 @@ def run_pa(url: str, model: str, load: Load, classes: list[RequestClass] | None 
     cls = check_classes(classes or [RequestClass()])
     if load.concurrency and load.shape != "constant":
         raise InputError([flag_problem("--shape", "perf_analyzer keeps a fixed concurrency: use --shape constant "
-                                                  "with --users, or --rate for a shaped load")])
+                                                  "with --users, or --rps for a shaped load")])
     with Client(url) as client:
         meta = client.metadata(model)
         pa = pa_install.find(client.server_version(), log=log)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from tritonkit.files import write_bytes_atomic
 from tritonkit.plots import pyplot
-from tritonkit.slo import meets
+from tritonkit.slo import ERROR_BOUND, meets
 
-MAX_ERROR_RATE = 0.01  # a setting that drops more than 1% of requests is not a candidate
+MAX_ERROR_RATE = ERROR_BOUND  # a setting that drops more of its requests is not a candidate
 REQUIRED_KEYS = ("max_batch_size", "max_queue_delay_us", "requests", "throughput_rps", "p95_ms", "p99_ms")
 SERVER_PARTS = ("queue_ms", "compute_input_ms", "compute_infer_ms", "compute_output_ms")
 PLOTS = ("throughput.png", "latency.png", "decomposition.png", "batch_histograms.png")

@@ -104,7 +104,7 @@ def _wait_for_server(kit: subprocess.Popen, state: Path, timeout: float = 120) -
 @pytest.mark.parametrize("command", [
     ["serve", "--spec", "deploy.yaml", "--repo", "repo", "--state-dir", "state"],
     ["loadtest", "--spec", "deploy.yaml", "--repo", "repo", "--state-dir", "state", "--model", "m",
-     "--rate", "20", "--duration", "120", "--engine", "asyncio", "--out", "out"],
+     "--rps", "20", "--duration", "120", "--engine", "asyncio", "--out", "out"],
 ], ids=["serve", "loadtest"])
 def test_a_killed_kit_command_leaves_no_server_behind(workdir, command):
     """SIGKILL (or the OOM killer) gives the kit no chance to stop its server: the server goes

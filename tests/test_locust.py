@@ -188,7 +188,7 @@ def test_tritonkit_loadtest_locust_priorities_under_overload(served, tmp_path):
     """Headless Locust through `tritonkit loadtest`: far more than `prio` can serve (a batch-4
     model with a 24-deep queue). Interactive (priority 1) overtakes bulk in the queue, and the
     requests the full queue turns away are counted as queue_full, not as latency."""
-    result = _loadtest(served, tmp_path, "--model", "prio", "--rate", "1000", "--duration", "4", "--warmup", "1",
+    result = _loadtest(served, tmp_path, "--model", "prio", "--rps", "1000", "--duration", "4", "--warmup", "1",
                        "--class", "interactive:1:1", "--class", "bulk:3:2", "--max-errors", "1")
     assert result["engine"] == "locust" and result["schema"] == "tritonkit.result/1"
     assert_priorities_under_overload(result)
@@ -199,7 +199,7 @@ def test_tritonkit_loadtest_locust_priorities_under_overload(served, tmp_path):
 def test_tritonkit_loadtest_locust_step_shape_raises_the_rate(served, tmp_path):
     """A step shape at 200 req/s open loop: the last quarter of the window offers about four
     times the first (25% -> 100%), and a light load is served without generator warnings."""
-    result = _loadtest(served, tmp_path, "--model", "steady", "--rate", "200", "--shape", "step",
+    result = _loadtest(served, tmp_path, "--model", "steady", "--rps", "200", "--shape", "step",
                        "--duration", "4", "--warmup", "0.5")
     sent = [b["sent"] for b in result["timeline"]]
     assert len(sent) == 4 and sent[-1] > 2.5 * sent[0], sent
@@ -212,7 +212,7 @@ def test_tritonkit_loadtest_bad_class_is_a_clear_error(served, tmp_path):
     from tests.conftest import tritonkit
 
     done = tritonkit("loadtest", "--spec", str(served.spec_path), "--url", served.endpoints.http,
-                     "--model", "steady", "--rate", "10", "--class", "bulk:x:2", "--out", str(tmp_path))
+                     "--model", "steady", "--rps", "10", "--class", "bulk:x:2", "--out", str(tmp_path))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--class bulk:x:2" in done.stderr and "interactive:1:1" in done.stderr
     assert not (tmp_path / "result.json").exists()

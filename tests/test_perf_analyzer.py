@@ -61,7 +61,7 @@ def test_a_shaped_load_follows_its_schedule(served, pa):
 
 def test_classes_perf_analyzer_cannot_send_are_refused_naming_the_flag(served, tmp_path):
     done = tritonkit("loadtest", "--spec", str(served.spec_path), "--model", "prio", "--url", served.endpoints.grpc,
-                     "--engine", "perf_analyzer", "--rate", "50", "--class", "interactive:1:1", "--out", str(tmp_path))
+                     "--engine", "perf_analyzer", "--rps", "50", "--class", "interactive:1:1", "--out", str(tmp_path))
     assert done.returncode == 2, done.stderr
     assert "--class" in done.stderr and "--engine asyncio" in done.stderr and "Traceback" not in done.stderr
 
@@ -71,7 +71,7 @@ def test_a_binary_that_cannot_run_names_the_missing_libraries(served, pa, tmp_pa
     bare = tmp_path / "perf_analyzer"
     shutil.copy(pa.binary, bare)
     done = tritonkit("loadtest", "--spec", str(served.spec_path), "--model", "steady", "--url", served.endpoints.grpc,
-                     "--engine", "perf_analyzer", "--rate", "50", "--duration", "1", "--out", str(tmp_path / "out"),
+                     "--engine", "perf_analyzer", "--rps", "50", "--duration", "1", "--out", str(tmp_path / "out"),
                      env={pa_install.ENV_BINARY: str(bare), "LD_LIBRARY_PATH": ""})
     assert done.returncode == 1, done.stdout + done.stderr
     assert "libb64.so.0d" in done.stderr and "libcudart.so.12" in done.stderr and str(bare) in done.stderr

@@ -187,7 +187,7 @@ def test_a_pipeline_load_test_breaks_its_latency_down_per_step(engine, tmp_path,
     import json
 
     path = write_spec(tmp_path, pm.camera_spec(pipeline_onnx))
-    r = tritonkit("loadtest", "--spec", str(path), "--model", "camera", "--engine", engine, "--rate", "100",
+    r = tritonkit("loadtest", "--spec", str(path), "--model", "camera", "--engine", engine, "--rps", "100",
                   "--duration", "3", "--warmup", "1", "--repo", str(tmp_path / "repo"), "--state-dir",
                   str(tmp_path / "state"), "--out", str(tmp_path / "out"), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -258,7 +258,7 @@ def test_a_pipeline_sweep_moves_every_step_together(tmp_path, pipeline_onnx):
     import json
 
     path = write_spec(tmp_path, pm.camera_spec(pipeline_onnx))
-    r = tritonkit("sweep", "--spec", str(path), "--model", "camera", "--rate", "60", "--duration", "2", "--warmup",
+    r = tritonkit("sweep", "--spec", str(path), "--model", "camera", "--rps", "60", "--duration", "2", "--warmup",
                   "1", "--max-batch", "2", "--repo", str(tmp_path / "repo"), "--state-dir", str(tmp_path / "state"),
                   "--out", str(tmp_path / "out"), timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -86,7 +86,7 @@ def _inputs(router, n: int, seed: int = 0) -> list[dict]:
     return [meta.random_inputs(1, rng) for _ in range(n)]
 
 
-def test_breaker_opens_after_consecutive_failures_and_probes_back():
+def test_breaker_opens_after_consecutive_failures_and_tries_again():
     now = [0.0]
     b = CircuitBreaker(failures=3, cooldown_s=2.0, clock=lambda: now[0])
     b.failure(), b.failure(), b.success(), b.failure(), b.failure()
@@ -97,7 +97,7 @@ def test_breaker_opens_after_consecutive_failures_and_probes_back():
     assert b.state == HALF_OPEN and b.acquire()
     assert not b.acquire()  # one probe at a time
     b.failure()
-    assert b.state == OPEN and b.trips == 2  # the probe failed: another cool-down
+    assert b.state == OPEN and b.trips == 2  # the try failed: another cool-down
     now[0] = 4.5
     assert b.acquire()
     b.success()

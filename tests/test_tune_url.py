@@ -165,7 +165,7 @@ def test_ctrl_c_in_place_puts_the_original_config_back(server, tmp_path):
 def test_sweep_url_measures_rows_on_a_shadow_copy(server, tmp_path):
     before = served_config(server)
     r = tritonkit("sweep", "--url", server.endpoints.grpc, "--model", "remote_mlp", "--spec", str(server.spec_path),
-                  "--repo", str(server.root / "repo"), "--rate", "100", "--duration", "1", "--warmup", "0.5",
+                  "--repo", str(server.root / "repo"), "--rps", "100", "--duration", "1", "--warmup", "0.5",
                   "--max-batch", "2", "--out", str(tmp_path / "sweep"), env=server.env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[2/2] max_batch  2" in r.stdout and "peak RSS" not in r.stdout  # not this machine's process to read

@@ -17,7 +17,7 @@ import yaml
 from tests.conftest import SERVED_SPEC, tritonkit, write_spec
 from tritonkit.stats import percentile
 
-pytestmark = [pytest.mark.server, pytest.mark.measures]
+pytestmark = pytest.mark.server
 
 # A 20 ms queue delay with nothing to fill it: at 300 req/s requests wait the whole delay, so
 # P95 is over the 12 ms SLO; a short delay meets it easily.
@@ -38,6 +38,7 @@ def _tune(workdir, *args: str, timeout: float = 400):
     return spec, done
 
 
+@pytest.mark.measures
 def test_offline_meets_the_slo_that_the_spec_misses(workdir, probed):
     spec, done = _tune(workdir, "--rps", "300", "--max-trials", "12")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
@@ -155,6 +156,7 @@ def test_refused_candidate_and_killed_server_end_with_the_last_known_good_config
             c.infer("tunable", c.metadata("tunable").random_inputs(1))
 
 
+@pytest.mark.measures
 def test_online_follows_a_load_that_steps_up_and_down(served, tmp_path):
     """20% / 100% / 20% / 100% of 1000 req/s, 12 s each, against a model whose 20 ms queue delay
     misses the 15 ms SLO at light load. Once the light steps settle, the config in force waits a
@@ -208,6 +210,7 @@ def test_online_follows_a_load_that_steps_up_and_down(served, tmp_path):
     _reset(served, "online")
 
 
+@pytest.mark.measures
 def test_online_decisions_hysteresis_and_rollback(served):
     """The controller's rules against a fixed cost model, applied to the real server: batching
     grows with the rate, a change needs two agreeing windows and waits out the cool-down, and a

@@ -37,6 +37,7 @@ from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.loadtests.server_stats import breakdown
 from tritonkit.plots import pyplot
+from tritonkit.slo import ERROR_BOUND
 from tritonkit.spec import Spec
 from tritonkit.tuner.apply import AsServed, LiveConfig, Reached
 from tritonkit.tuner.costmodel import CostModel, batch_for_rate, batch_points, delay_for, fit
@@ -187,7 +188,7 @@ class Controller:
         similar_rate = ref.rate > 0 and 0.8 <= w.rate / ref.rate <= 1.25
         worse_latency = (similar_rate and w.mean_ms is not None and ref.mean_ms is not None
                          and w.mean_ms > ref.mean_ms * (1 + self.s.worse_margin) and w.mean_ms > 0.5 * self.slo)
-        worse_errors = w.error_ratio > ref.error_ratio + 0.01
+        worse_errors = w.error_ratio > ref.error_ratio + ERROR_BOUND  # a window that fails a bound's more
         if worse_latency or worse_errors:
             why = "mean latency" if worse_latency else "failures"
             self.live.restore()
