@@ -38,13 +38,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
     elif a.what == "tuner":
         s = TuneSettings(p95_ms=a.p95_ms, max_trials=a.max_trials, margin=a.margin, max_trial_s=a.max_trial_s,
                          engine=a.engine)
-        raise_flag_problems([("--confirmations", a.confirmations >= 1, "confirm each winner at least once, e.g. 3")])
+        rounds = 3 if a.rounds is None else a.rounds
+        raise_flag_problems([("--rounds", rounds >= 1, "judge each winner at least once, e.g. 3")])
         spec = load_spec(a.spec, a.repo)
         model = a.model or spec.models[0].name
         traits = probe_once(a.state_dir, say)  # both sides obey the probe, as `tritonkit tune` does
         run_tuner_bench(spec, model, a.repo, a.state_dir, a.out, p95_ms=s.p95_ms, max_trials=s.max_trials,
                         rules=s.rules, window=TrialWindow(max_s=s.max_trial_s, engine=s.engine),
-                        confirmations=a.confirmations,
+                        rounds=rounds,
                         traits=traits, log=say)
         say(f"wrote {a.out / 'bench_tuner.json'}")
     elif a.what == "peer":
@@ -158,11 +159,10 @@ def register(sub) -> None:
     sp.add_argument("--max-trials", type=int, default=TuneSettings.max_trials, help="tuner: the tuner's trial budget")
     sp.add_argument("--p95-ms", type=float, help="tuner, floor: the P95 SLO (default: the model's slo.p95_ms)")
     noise_args(sp)
-    sp.add_argument("--confirmations", type=int, default=3,
-                    help="tuner: how many times each side's winner is confirmed, for the spread of its figure")
     sp.add_argument("--rounds", type=int, default=None,
-                    help="floor: how many times the config's figure is measured (default 12); generators: rounds of "
-                         "the three engines' agreement runs (default 3)")
+                    help="floor: how many times the config's figure is measured (default 12); tuner, versus, "
+                         "remote, mix: the judge's rounds (default 3); generators: rounds of the three engines' "
+                         "agreement runs (default 3)")
     sp.add_argument("--case", action="append", choices=list(CASES),
                     help="versus: a case to run (repeatable; default: all of them); ablation: the real case to "
                          "tune once per rule switched off")

@@ -10,7 +10,7 @@ server's traits): the grid still screens every combination, as a brute-force sea
 the server, but a config the probe found stalls the batcher is never a finalist, as the tuner never
 proposes one; the trials the grid spent on such configs are reported apart. The grid runs first: the
 tuner then gets TRIALS_SHARE of the grid's trials as its budget, the bound the comparison is about.
-Last, both winners are measured `confirmations` times by the neutral judge (benchmarks/judge.py):
+Last, both winners are measured in `rounds` rounds by the neutral judge (benchmarks/judge.py):
 both configs served side by side in one server, perf_analyzer at the same Poisson rates,
 interleaved, so that a drift of the machine hits both: the figures are the medians of those rounds,
 with their spread. Reported: the tuner's figure as a percentage of the grid's, its trials and time
@@ -92,7 +92,7 @@ def grid_capacity(trials: Trials, k: Knobs, start: float = GRID_START_RPS, rules
 def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
                     p95_ms: float | None = None, max_trials: int = TuneSettings.max_trials,
                     window: TrialWindow | None = None,
-                    rules: Rules = RULES, confirmations: int = 3,
+                    rules: Rules = RULES, rounds: int = 3,
                     traits: ServerTraits | None = None, final_judge: Callable[..., dict] = judge,
                     log: Callable[[str], None] = print) -> dict:
     objective = objective_for(spec, model, p95_ms, None, TuneSettings.max_errors, rules)
@@ -141,10 +141,10 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
         finally:
             generate(spec, repo, models=[model])
             server.close()
-    log(f"==== both winners measured {confirmations} more times by perf_analyzer, side by side")
+    log(f"==== both winners judged in {rounds} rounds by perf_analyzer, side by side")
     entrants = [Entrant(name, s.knobs.model(spec.model(model)), claim_rps=s.rate) for name, s in sides.items() if s]
     judged = final_judge(spec, model, entrants, Path(out_dir) / "judge", p95_ms=objective.slo_p95_ms,
-                         max_errors=objective.max_error_ratio, rounds=confirmations, log=log) if entrants else None
+                         max_errors=objective.max_error_ratio, rounds=rounds, log=log) if entrants else None
     scored = judged["entrants"] if judged else {}
     figures_of = {name: scored[name]["rounds_rps"] if name in scored else [] for name in sides}
     p95s_of = {name: scored[name]["p95_ms_at_figure"] if name in scored else [] for name in sides}
@@ -152,9 +152,9 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
     def side(s: Score | None, trial_list: list, seconds: float, name: str, pick: Score | None = None) -> dict:
         again = figures_of[name]
         label = s.knobs.label() if s else (f"{pick.knobs.label()} (unconfirmed)" if pick and pick.passed else None)
-        return {"best": label, "confirmations_p95_ms": p95s_of[name],
+        return {"best": label, "judged_p95_ms": p95s_of[name],
                 "confirmed_rps": s.value if s is not None and s.passed else None,
-                "confirmations_rps": again, "rps": statistics.median(again) if again else None,
+                "judged_rps": again, "rps": statistics.median(again) if again else None,
                 "spread": None if (sp := relative_range(again)) is None else round(sp, 3),
                 "trials": len(trial_list), "seconds": round(seconds, 1)}
 
@@ -190,14 +190,14 @@ def format_tuner_bench(f: dict) -> str:
     t, g = f["tuner"], f["grid"]
 
     def row(name: str, s: dict) -> str:
-        again = ", ".join(f"{x:.0f}" for x in s["confirmations_rps"]) or "-"
+        again = ", ".join(f"{x:.0f}" for x in s["judged_rps"]) or "-"
         spread = "-" if s["spread"] is None else f"{100 * s['spread']:.0f}%"
         return f"{name:<8}{s['best'] or '-':<40}{s['rps'] or 0:>9.0f}{spread:>8}{s['trials']:>8}" \
                f"{s['seconds']:>9.0f}   {again}"
 
     return "\n".join([
         f"objective: {f['objective']}",
-        f"{'':<8}{'best config':<40}{'req/s':>9}{'spread':>8}{'trials':>8}{'seconds':>9}   confirmations (req/s)",
+        f"{'':<8}{'best config':<40}{'req/s':>9}{'spread':>8}{'trials':>8}{'seconds':>9}   judged rounds (req/s)",
         row("tuner", t), row("grid", g),
         f"tuner / grid: throughput {f['throughput_pct_of_grid']}%, trials {f['trials_pct_of_grid']}%, "
         f"time {f['time_pct_of_grid']}% (targets: >= {f['targets']['throughput_pct_at_least']}% of the throughput "

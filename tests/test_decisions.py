@@ -353,7 +353,7 @@ def test_bench_tuner_gives_the_tuner_its_share_of_the_grid_trials(tmp_path, monk
     monkeypatch.setattr(simulated, "MODEL_SPEC", MODEL_SPEC.model_copy(update={"batching": levels}))
     traits = ServerTraits("2.51.0", stalls=True, safe_instances=2)
     judged = []
-    out = bench.run_tuner_bench(SimulatedTrials.spec, "m", tmp_path, tmp_path, tmp_path, confirmations=2,
+    out = bench.run_tuner_bench(SimulatedTrials.spec, "m", tmp_path, tmp_path, tmp_path, rounds=2,
                                 traits=traits, final_judge=world_judge(judged), log=lambda s: None)
     grid_sim, tuner_sim = sims
     f = out["figures"]
@@ -366,7 +366,7 @@ def test_bench_tuner_gives_the_tuner_its_share_of_the_grid_trials(tmp_path, monk
     assert f["trials_pct_of_safe_grid"] > f["trials_pct_of_grid"]
     assert f["tuner_budget"] == min(30, int(0.15 * len(grid_sim.trials))) >= len(tuner_sim.trials)
     assert f["trials_pct_of_grid"] <= 15
-    assert len(f["tuner"]["confirmations_rps"]) == len(f["grid"]["confirmations_rps"]) == 2
+    assert len(f["tuner"]["judged_rps"]) == len(f["grid"]["judged_rps"]) == 2
     # without noise the two differ by the resolution of a rate search at most: one rung
     assert f["throughput_pct_of_grid"] >= 100 / RULES.rate_step, f
     assert json.loads((tmp_path / "bench_tuner.json").read_text())["figures"] == json.loads(json.dumps(f))
