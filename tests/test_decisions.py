@@ -30,7 +30,7 @@ from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs, grid, powers_of_two
 from tritonkit.tuner.noise import Noise, clear, majority, wins
 from tritonkit.tuner.offline import Objective, Search, predict_p95
-from tritonkit.tuner.online import Controller, OnlineSettings, Window
+from tritonkit.tuner.online import Controller, Observation, OnlineSettings
 from tritonkit.tuner.pooled import pooled, pooled_verdict
 from tritonkit.tuner.protect import Budget, protect
 from tritonkit.tuner.rules import RULES
@@ -565,11 +565,11 @@ def _controller(**settings) -> tuple[Controller, ModelControl]:
     return ctl, control
 
 
-def _window(ctl: Controller, t: float, rate: float, mean_ms: float) -> Window:
+def _window(ctl: Controller, t: float, rate: float, mean_ms: float) -> Observation:
     dyn = ctl.config.dynamic_batching
-    w = Window(t, rate, int(rate), mean_ms, mean_ms / 2, 4.0, 0.0, dyn.max_queue_delay_microseconds,
+    w = Observation(t, rate, int(rate), mean_ms, mean_ms / 2, 4.0, 0.0, dyn.max_queue_delay_microseconds,
                list(dyn.preferred_batch_size))
-    ctl.state.windows.append(w)
+    ctl.state.observations.append(w)
     return w
 
 
@@ -583,8 +583,8 @@ def test_online_setpoints_follow_the_rate_within_the_slo_budget():
     assert batches == sorted(batches) and batches[-1] > batches[0]  # more traffic, larger batches
 
 
-def test_online_needs_agreeing_windows_cools_down_and_rolls_back_a_worse_change():
-    ctl, control = _controller(cooldown_s=10, settle_windows=2)
+def test_online_needs_agreeing_observations_cools_down_and_rolls_back_a_worse_change():
+    ctl, control = _controller(cooldown_s=10, settle_observations=2)
     heavy_delay, _ = ctl.setpoint(3000)
     ctl.step(_window(ctl, 1, 3000, 5.0), now_t=20.0)
     assert ctl.state.changes == 0 and control.loads == 0  # one window is not enough
@@ -602,7 +602,7 @@ def test_online_needs_agreeing_windows_cools_down_and_rolls_back_a_worse_change(
 def test_online_does_not_thrash_under_a_wobbling_overload():
     """A load around three times what it takes, wobbling by 10% window to window: one change to
     batching, then it stays (it may widen batching, never swing back and forth)."""
-    ctl, control = _controller(cooldown_s=2, settle_windows=2)
+    ctl, control = _controller(cooldown_s=2, settle_observations=2)
     rng = np.random.default_rng(0)
     delays = []
     for t in range(60):

@@ -169,8 +169,8 @@ def test_online_follows_a_load_that_steps_up_and_down(served, tmp_path):
     from tritonkit.tuner.online import OnlineSettings, plot_online, run_online
 
     _reset(served, "online")
-    settings = OnlineSettings(interval_s=1.0, cooldown_s=2.0, settle_windows=2)
-    step_s = 12.0  # detection (2 windows) plus a reload under load (1-3 s) leave the last 5 s settled
+    settings = OnlineSettings(interval_s=1.0, cooldown_s=2.0, settle_observations=2)
+    step_s = 12.0  # detection (2 observations) plus a reload under load (1-3 s) leave the last 5 s settled
     load = Load(rate=1000, shape="updown", duration_s=4 * step_s, warmup_s=2, drain_s=3)
     states = []
     tuner = threading.Thread(target=lambda: states.append(run_online(
@@ -191,15 +191,15 @@ def test_online_follows_a_load_that_steps_up_and_down(served, tmp_path):
         ms = [s.latency_s * 1e3 for s in out.samples if s.latency_s is not None and sec <= s.scheduled - t0 < sec + 1]
         if ms:
             per_second.append((sec + load.warmup_s, percentile(ms, 95)))
-    plot_online(tmp_path / "online_with_client.png", state.windows, 15, per_second)
+    plot_online(tmp_path / "online_with_client.png", state.observations, 15, per_second)
     print("settled P95 per step:", quarters, "changes", state.changes, "rollbacks", state.rollbacks)
-    print([(w.t_s, w.rate, w.delay_us, w.action) for w in state.windows if w.action])
-    assert state.changes >= 1 and state.windows[-1].delay_us < 20000  # the light step's 20 ms wait is gone
+    print([(w.t_s, w.rate, w.delay_us, w.action) for w in state.observations if w.action])
+    assert state.changes >= 1 and state.observations[-1].delay_us < 20000  # the light step's 20 ms wait is gone
     online = next(m for m in SERVED_SPEC["models"] if m["name"] == "online")
     floor_ms = online["batching"]["max_queue_delay_us"] / 1e3  # what the spec's config makes them wait
     # Settled light steps, from Triton's side (the client's P95 on a loaded box is mostly the box):
     # the config in force no longer waits the spec's 20 ms, and requests spend far less in the queue.
-    light = [w for w in state.windows
+    light = [w for w in state.observations
              if any((q + 1) * step_s - 5 <= w.t_s - load.warmup_s < (q + 1) * step_s for q in (0, 2))]
     assert light and all(w.delay_us <= floor_ms * 1e3 / 4 for w in light), [(w.t_s, w.delay_us) for w in light]
     queued = [w.queue_ms for w in light if w.queue_ms is not None]
@@ -213,25 +213,26 @@ def test_online_follows_a_load_that_steps_up_and_down(served, tmp_path):
 @pytest.mark.measures
 def test_online_decisions_hysteresis_and_rollback(served):
     """The controller's rules against a fixed cost model, applied to the real server: batching
-    grows with the rate, a change needs two agreeing windows and waits out the cool-down, and a
+    grows with the rate, a change needs two agreeing observations and waits out the cool-down, and a
     change followed by a worse window is rolled back in Triton."""
     from tritonkit.tuner.costmodel import CostModel
-    from tritonkit.tuner.online import Controller, OnlineSettings, Window
+    from tritonkit.tuner.online import Controller, Observation, OnlineSettings
 
     _reset(served, "online_rules")
     with served.client() as client:
-        ctl = Controller(client, "online_rules", 15.0, OnlineSettings(cooldown_s=10, settle_windows=2), None, print)
+        ctl = Controller(client, "online_rules", 15.0, OnlineSettings(cooldown_s=10, settle_observations=2), None,
+                         print)
         ctl.cost = CostModel(2.0, 0.3)
         assert ctl.setpoint(100) == (0, [])  # light load: no waiting
         heavy_delay, heavy_pref = ctl.setpoint(1000)
         assert heavy_delay > 0 and heavy_pref and heavy_pref[0] >= 4  # heavy load: fill batches
         assert ctl.cost.p95_ms(heavy_pref[0], heavy_delay, 1000, 1) <= 15  # within the SLO, by the one estimate
 
-        def window(t: float, rate: float, mean_ms: float) -> Window:
+        def window(t: float, rate: float, mean_ms: float) -> Observation:
             cfg = ctl.config.dynamic_batching
-            w = Window(t, rate, int(rate), mean_ms, mean_ms / 2, 4.0, 0.0, cfg.max_queue_delay_microseconds,
+            w = Observation(t, rate, int(rate), mean_ms, mean_ms / 2, 4.0, 0.0, cfg.max_queue_delay_microseconds,
                        list(cfg.preferred_batch_size))
-            ctl.state.windows.append(w)
+            ctl.state.observations.append(w)
             return w
 
         ctl.step(window(1, 1000, 5.0), 20.0)

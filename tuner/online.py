@@ -1,21 +1,21 @@
 """`tritonkit tune --online`: a sidecar that keeps the queue delay and preferred batch size matched
 to the traffic a live server sees, within guardrails.
 
-Every window it reads Triton's statistics (exact deltas: request rate, mean queue and compute
-time, mean batch, failures) and refits the cost model from the per-batch-size statistics. The
+Every observation interval it reads Triton's statistics (exact deltas: request rate, mean queue and
+compute time, mean batch, failures) and refits the cost model from the per-batch-size statistics. The
 setpoint follows ARCHITECTURE.md (the tuner): the smallest batch that sustains the current rate
 within the cost model's headroom, and the longest delay that the rate fills (E[B] = λW) whose
 estimated P95 meets the SLO.
 
-Why statistics and not the summary quantiles: Triton's summary P95 covers a long window. After
+Why statistics and not the summary quantiles: Triton's summary P95 covers a long stretch of time. After
 half a minute of light load it still reported the 62 ms of the overload before it, so it cannot
-tell whether the last change helped. The mean latency of one window, from statistics deltas, can.
+tell whether the last change helped. The mean latency of one observation, from statistics deltas, can.
 
 Changes go through `tuner.apply.LiveConfig` (reload through the API, check what Triton reports,
 the last-known-good config back on a refusal or a rollback).
-Guardrails: a change only when the setpoint differs by a clear factor for several windows in a
+Guardrails: a change only when the setpoint differs by a clear factor for several observations in a
 row (hysteresis), a cool-down after each change, one change in flight, and a rollback when the
-window after a change is worse (higher mean latency at a similar rate, or more failures).
+observation after a change is worse (higher mean latency at a similar rate, or more failures).
 `--dry-run` logs what it would do and changes nothing.
 """
 
@@ -51,13 +51,13 @@ class OnlineSettings:
     dry_run: bool = False
     max_delay_us: int = 20000
     hysteresis: float = 1.5  # the setpoint must differ by this factor (or turn batching on/off)
-    settle_windows: int = 2  # for this many windows in a row
-    worse_margin: float = 0.2  # roll back when the next window's mean latency is this much higher
-    min_requests: int = 20  # windows with fewer requests say nothing about latency
+    settle_observations: int = 2  # for this many observations in a row
+    worse_margin: float = 0.2  # roll back when the next observation's mean latency is this much higher
+    min_requests: int = 20  # observations with fewer requests say nothing about latency
 
 
 @dataclass
-class Window:
+class Observation:
     t_s: float
     rate: float
     requests: int
@@ -73,12 +73,12 @@ class Window:
 @dataclass
 class Change:
     before: mc.ModelConfig
-    reference: Window  # the window before the change, to judge the one after it
+    reference: Observation  # the observation before the change, to judge the one after it
 
 
 @dataclass
 class OnlineState:
-    windows: list[Window] = field(default_factory=list)
+    observations: list[Observation] = field(default_factory=list)
     proposals: list[tuple[int, list[int]]] = field(default_factory=list)
     last_change_t: float = -1e9
     in_flight: Change | None = None
@@ -88,7 +88,7 @@ class OnlineState:
 
 
 class Controller:
-    """Decides from windows; applies through model control (and the repository file, if given)."""
+    """Decides from observations; applies through model control (and the repository file, if given)."""
 
     def __init__(self, client: Client, model: str, slo_p95_ms: float, settings: OnlineSettings,
                  repo: Path | None, log: Callable[[str], None]):
@@ -107,14 +107,14 @@ class Controller:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def observe(self, before: dict, after: dict, t_s: float, dt: float) -> Window | None:
-        """The window's figures; None when Triton's counters restarted (a reload resets them)."""
+    def observe(self, before: dict, after: dict, t_s: float, dt: float) -> Observation | None:
+        """The observation's figures; None when Triton's counters restarted (a reload resets them)."""
         b = breakdown(before, after)
         requests = b["requests"] + b["failed"]
         if b["requests"] < 0 or b["failed"] < 0:
             return None
         dyn = self.config.dynamic_batching
-        w = Window(round(t_s, 2), round(requests / dt, 1), requests,
+        w = Observation(round(t_s, 2), round(requests / dt, 1), requests,
                    None if b["request_ms"] is None else round(b["request_ms"], 3),
                    None if b["queue_ms"] is None else round(b["queue_ms"], 3),
                    None if b["mean_batch"] is None else round(b["mean_batch"], 2),
@@ -122,7 +122,7 @@ class Controller:
                    int(dyn.max_queue_delay_microseconds), list(dyn.preferred_batch_size))
         with contextlib.suppress(ValueError):  # no executions yet: keep the model there is
             self.cost = fit(batch_points({}, after))  # lifetime executions: the most points
-        self.state.windows.append(w)
+        self.state.observations.append(w)
         return w
 
     # -- deciding ------------------------------------------------------------------------------
@@ -141,9 +141,9 @@ class Controller:
         lo, hi = sorted((max(now, 1), max(wanted, 1)))
         return hi / lo >= self.s.hysteresis
 
-    def step(self, w: Window, now_t: float) -> None:
+    def step(self, w: Observation, now_t: float) -> None:
         st = self.state
-        n = len(st.windows) - 1
+        n = len(st.observations) - 1
         if st.in_flight is not None:
             self._judge(st.in_flight, w, now_t)
             st.in_flight = None
@@ -158,8 +158,9 @@ class Controller:
         if st.proposals and self._differs(st.proposals[-1][0], delay, st.proposals[-1][1], preferred):
             st.proposals.clear()  # the setpoint itself moved: count again from this one
         st.proposals.append((delay, preferred))
-        if len(st.proposals) < self.s.settle_windows:
-            w.action = f"proposed delay {delay} us, preferred {preferred} ({len(st.proposals)}/{self.s.settle_windows})"
+        if len(st.proposals) < self.s.settle_observations:
+            w.action = (f"proposed delay {delay} us, preferred {preferred} "
+                        f"({len(st.proposals)}/{self.s.settle_observations})")
             return
         if now_t - st.last_change_t < self.s.cooldown_s or now_t < st.frozen_until:
             w.action = "cooling down"
@@ -183,12 +184,12 @@ class Controller:
                         f"preferred {preferred} at {w.rate:.0f} req/s")
             self.log(f"  [{n}] {w.action}")
 
-    def _judge(self, change: Change, w: Window, now_t: float) -> None:
+    def _judge(self, change: Change, w: Observation, now_t: float) -> None:
         ref = change.reference
         similar_rate = ref.rate > 0 and 0.8 <= w.rate / ref.rate <= 1.25
         worse_latency = (similar_rate and w.mean_ms is not None and ref.mean_ms is not None
                          and w.mean_ms > ref.mean_ms * (1 + self.s.worse_margin) and w.mean_ms > 0.5 * self.slo)
-        worse_errors = w.error_ratio > ref.error_ratio + ERROR_BOUND  # a window that fails a bound's more
+        worse_errors = w.error_ratio > ref.error_ratio + ERROR_BOUND  # a observation that fails a bound's more
         if worse_latency or worse_errors:
             why = "mean latency" if worse_latency else "failures"
             self.live.restore()
@@ -196,7 +197,7 @@ class Controller:
             self.state.frozen_until = now_t + 2 * self.s.cooldown_s
             w.action = f"rolled back: {why} got worse ({ref.mean_ms} -> {w.mean_ms} ms, " \
                        f"errors {ref.error_ratio:.1%} -> {w.error_ratio:.1%})"
-            self.log(f"  [{len(self.state.windows) - 1}] {w.action}")
+            self.log(f"  [{len(self.state.observations) - 1}] {w.action}")
         else:
             self.live.keep()
             w.action = "kept the change"
@@ -215,7 +216,7 @@ def run_online(spec: Spec, model: str, url: str, settings: OnlineSettings, *,
     headers = key_headers if key_headers is not None else _key_headers(spec)
     with Client(url, "grpc", headers) as client:
         ctl = Controller(client, model, slo, settings, repo, log)
-        log(f"online tuner for {model} at {url}: SLO P95 {slo:g} ms, window {settings.interval_s:g} s, "
+        log(f"online tuner for {model} at {url}: SLO P95 {slo:g} ms, observation {settings.interval_s:g} s, "
             f"cool-down {settings.cooldown_s:g} s{' (dry run)' if settings.dry_run else ''}")
         t0 = time.monotonic()
         before = client.statistics(model)
@@ -246,25 +247,27 @@ def _key_headers(spec) -> dict[str, str]:
 
 def write_online_log(out_dir: Path, model: str, slo: float, state: OnlineState) -> None:
     data = {"schema": SCHEMA, "kind": "tuner/online", "model": model, "slo_p95_ms": slo,
-            "changes": state.changes, "rollbacks": state.rollbacks, "windows": [asdict(w) for w in state.windows]}
+            "changes": state.changes, "rollbacks": state.rollbacks,
+            "observations": [asdict(w) for w in state.observations]}
     write_bytes_atomic(out_dir / "online.json", json.dumps(data, indent=2).encode())
-    plot_online(out_dir / "online.png", state.windows, slo)
+    plot_online(out_dir / "online.png", state.observations, slo)
 
 
-def plot_online(path: Path, windows: list[Window], slo: float, client_p95: list[tuple[float, float]] = ()) -> None:
-    """Rate, latency and the delay in force per window; `client_p95` adds what a load test saw."""
+def plot_online(path: Path, observations: list[Observation], slo: float,
+                client_p95: list[tuple[float, float]] = ()) -> None:
+    """Rate, latency and the delay in force per observation; `client_p95` adds what a load test saw."""
     plt = pyplot()
-    t = [w.t_s for w in windows]
+    t = [w.t_s for w in observations]
     fig, (a1, a2, a3) = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
-    a1.plot(t, [w.rate for w in windows], drawstyle="steps-post")
+    a1.plot(t, [w.rate for w in observations], drawstyle="steps-post")
     a1.set_ylabel("req/s")
-    a2.plot(t, [w.mean_ms for w in windows], label="server mean (window)")
+    a2.plot(t, [w.mean_ms for w in observations], label="server mean (observation)")
     if client_p95:
         a2.plot(*zip(*client_p95), label="client P95 (per second)", alpha=0.7)
     a2.axhline(slo, color="red", linestyle="--", label="SLO P95")
     a2.set_ylabel("ms")
     a2.legend(fontsize=8)
-    a3.plot(t, [w.delay_us for w in windows], drawstyle="steps-post")
+    a3.plot(t, [w.delay_us for w in observations], drawstyle="steps-post")
     a3.set_ylabel("queue delay, µs")
     a3.set_xlabel("seconds")
     fig.suptitle("Online tuner: load, latency and the delay it set")
