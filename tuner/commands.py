@@ -229,7 +229,7 @@ def register(sub) -> None:
                                                           "preferred sizes within guardrails")
     sp.add_argument("--metrics-url", help="online: accepted for the sidecar; the decisions use the statistics API")
     sp.add_argument("--dry-run", action="store_true", help="online: only log what would change")
-    sp.add_argument("--interval", type=float, help=f"online: seconds per observation window (default "
+    sp.add_argument("--interval", type=float, help=f"online: seconds per observation (default "
                                                    f"{TuneSettings.interval_s:g})")
     sp.add_argument("--cooldown", type=float, help=f"online: seconds between two changes (default "
                                                    f"{TuneSettings.cooldown_s:g})")
