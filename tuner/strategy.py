@@ -53,7 +53,6 @@ class HillClimb(Generic[C, R]):
         self.incumbent, self.result, self.moves, self.key = incumbent, result, moves, key
         self.tried = {key(c) for c in (incumbent, *tried)}
         self._pending: Iterator[C] = iter(moves(incumbent, result))
-        self.improved = 0  # moves kept
 
     def ask(self) -> C | None:
         for c in self._pending:
@@ -65,7 +64,6 @@ class HillClimb(Generic[C, R]):
     def tell(self, candidate: C, result: R | None) -> None:
         if result is not None:
             self.incumbent, self.result = candidate, result
-            self.improved += 1
             self._pending = iter(self.moves(candidate, result))
 
 
