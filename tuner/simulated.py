@@ -21,7 +21,7 @@ from tritonkit.loadtests.load import Load
 from tritonkit.slo import ERROR_BOUND, meets
 from tritonkit.spec import Batching, ModelSpec, QueuePolicy
 from tritonkit.tuner.costmodel import CostModel
-from tritonkit.tuner.knobs import Knobs
+from tritonkit.tuner.knobs import Knobs, powers_of_two
 from tritonkit.tuner.offline import predict_p95
 from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.trials import Trial
@@ -144,6 +144,12 @@ class World:
 
 
 TRUE_WORLD = World()
+# Two more laws of the shapes users bring, each with its SLO: a compute-heavy model whose one request
+# takes tens of milliseconds (batches barely pay, instances do), and a tiny one whose fixed cost
+# per execution dominates (batches pay until instances interfere).
+HEAVY_WORLD = World(c_fixed_ms=15.0, c_item_ms=22.0, knee=2, past_knee=1.3, interference=0.1)
+TINY_WORLD = World(c_fixed_ms=1.2, c_item_ms=0.1, knee=8, past_knee=2.0, interference=0.3)
+WORLDS = {"knee": (TRUE_WORLD, SLO_MS), "heavy": (HEAVY_WORLD, 100.0), "tiny": (TINY_WORLD, 10.0)}
 
 
 def true_edge(k: Knobs, world: World = TRUE_WORLD, slo_ms: float = SLO_MS) -> float:
@@ -156,18 +162,53 @@ def true_edge(k: Knobs, world: World = TRUE_WORLD, slo_ms: float = SLO_MS) -> fl
     return low
 
 
+@dataclass(frozen=True)
+class Episodes:
+    """Slow spells of a shared box (other pods, thermal limits): a run starts one with probability
+    `start`, a spell goes on into the next run with probability `stay` (a few seconds to tens of
+    seconds), and every P95 within it is `low` to `high` times its own."""
+
+    start: float = 0.12
+    stay: float = 0.6
+    low: float = 1.5
+    high: float = 2.5
+
+
+NO_EPISODES = Episodes(start=0.0)
+EPISODES = Episodes()
+
+
 class TrueWorldTrials(SimulatedTrials):
-    """TRUE_WORLD measured on a shared machine: each open-loop P95 carries a slow drift of the machine
-    (a first-order autoregression) and each run's own lognormal noise; one run in `stall_share` is
-    `stall` longer still (the client's stall the trial's subtraction missed). A closed loop gives
-    executions of min(clients, max batch) items at the world's true time. Without a seed: no noise."""
+    """TRUE_WORLD measured on a shared machine: each P95 carries a slow drift of the machine
+    (a first-order autoregression), each run's own lognormal noise, and the machine's slow spells
+    (`Episodes`: 2x swings lasting a few runs); one run in `stall_share` is `stall` longer still
+    (the client's stall the trial's subtraction missed). A closed loop gives executions of
+    min(clients, max batch) items at the world's true time, and the loop's P95 (`closed_loop`).
+    Without a seed: no noise."""
 
     def __init__(self, seed: int | None = None, target_p95_ms: float = SLO_MS, world: World = TRUE_WORLD,
-                 log_sd: float = 0.15, drift: float = 0.05, stall_share: float = 0.1, stall: float = 0.3):
+                 log_sd: float = 0.15, drift: float = 0.05, stall_share: float = 0.1, stall: float = 0.3,
+                 episodes: Episodes = EPISODES):
         super().__init__()
         self.world, self.target_p95_ms = world, target_p95_ms
         self.rng = None if seed is None else np.random.default_rng(seed)
         self.log_sd, self.drift, self.stall_share, self.stall, self.level = log_sd, drift, stall_share, stall, 0.0
+        self.episodes, self.slow = episodes, 1.0  # the spell in force: 1.0 is none
+
+    def noisy(self, p95: float) -> float:
+        """One run's P95 on this machine: its true one, moved by the drift, a spell, a stall and its own noise."""
+        if self.rng is None or math.isinf(p95):
+            return p95
+        e = self.episodes
+        if self.slow > 1.0 and self.rng.random() >= e.stay:
+            self.slow = 1.0
+        elif self.slow == 1.0 and self.rng.random() < e.start:
+            self.slow = self.rng.uniform(e.low, e.high)
+        self.level = 0.7 * self.level + self.drift * self.rng.normal()
+        p95 *= self.slow * math.exp(self.level + self.log_sd * self.rng.normal())
+        if self.rng.random() < self.stall_share:
+            p95 *= 1 + self.stall
+        return p95
 
     def run(self, k: Knobs, load: Load, phase: str, classes=None) -> Trial:
         t = Trial(len(self.trials) + 1, phase, k.label(), k.to_json(), load.describe(), load.rate)
@@ -176,15 +217,38 @@ class TrueWorldTrials(SimulatedTrials):
             b, n = min(load.concurrency, k.items), 500
             ns = n * self.world.t_ms(b, k.instances) * 1e6
             t.batch_stats = ({}, {"batch_stats": [{"batch_size": b, "compute_infer": {"count": n, "ns": ns}}]})
-            t.passed = True
+            t.ok_rps, p95 = closed_loop(self.world, k, load.concurrency)
+            t.p95_ms, t.passed = round(self.noisy(p95), 3), True
             return t
-        p95 = self.world.p95_ms(k, load.rate)
-        if self.rng is not None and not math.isinf(p95):
-            self.level = 0.7 * self.level + self.drift * self.rng.normal()
-            p95 *= math.exp(self.level + self.log_sd * self.rng.normal())
-            if self.rng.random() < self.stall_share:
-                p95 *= 1 + self.stall
+        p95 = self.noisy(self.world.p95_ms(k, load.rate))
         t.p95_ms = None if math.isinf(p95) else round(p95, 3)
         t.ok_rps = load.rate if t.p95_ms is not None else 0.0
         t.passed = meets(t.p95_ms, self.target_p95_ms, t.error_ratio, ERROR_BOUND)
         return with_latencies(t)
+
+
+def closed_loop(world: World, k: Knobs, clients: int) -> tuple[float, float]:
+    """(req/s, P95 ms) of `clients` that each send the next request when the last one returns: the
+    lanes execute batches of what is waiting (up to the max batch), and by Little's law each request
+    takes clients / throughput; its tail a half again."""
+    lanes = min(float(k.instances), world.cores)
+    b = max(1, min(k.items, math.ceil(clients / lanes)))
+    rps = lanes * b / (world.t_ms(b, k.instances) / 1e3)
+    return rps, 1.5 * max(world.t_ms(b, k.instances), clients / rps * 1e3)
+
+
+def quick_search(sim: TrueWorldTrials, bound: int, instances: int, slo_ms: float = SLO_MS) -> Knobs | None:
+    """Model Analyzer's search as its quick mode runs on a small box, over the same noisy machine:
+    every batch on the ladder x every instance count, no queue delay, each measured once in closed
+    loops of 1, 2, 4 ... up to 2 x batch x instances clients; the best throughput measured within
+    the P95 limit wins (None: no config met it)."""
+    best, best_rps = None, 0.0
+    for i in range(1, instances + 1):
+        for b in powers_of_two(bound):
+            k, clients = Knobs(b, 0, i), 1
+            while clients <= 2 * b * i:
+                rps, p95 = closed_loop(sim.world, k, clients)
+                if sim.noisy(p95) <= slo_ms and rps > best_rps:
+                    best, best_rps = k, rps
+                clients *= 2
+    return best
