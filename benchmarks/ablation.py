@@ -34,13 +34,14 @@ from tritonkit.tuner.noise import clear
 from tritonkit.tuner.offline import Objective, Search
 from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.run import tune_offline
+from tritonkit.tuner.settings import TuneSettings
 from tritonkit.tuner.simulated import SLO_MS, TrueWorldTrials, true_edge
 from tritonkit.tuner.trials import TrialWindow
 
 SEEDS = 20
 HOLD_S = 30.0
 START = Knobs(16, 8000, 1)  # the simulated world's spec config
-MAX_TRIALS = 30
+MAX_TRIALS = TuneSettings.max_trials  # the tuner's own default budget
 
 VARIANTS: dict[str, Rules] = {
     "all rules": RULES,

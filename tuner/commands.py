@@ -136,8 +136,12 @@ def cmd_tune(a: argparse.Namespace) -> int:
     for name in ("report.md", "trials.json", "tuned.yaml"):
         if name in result.files:
             say(f"wrote {result.files[name]}")
-    if not t.confirmed:
-        say("no config met the SLO on a second measurement: nothing was changed (see the report)")
+    if t.written and not t.confirmed:
+        say("the winner beat the start beside it, but no rate it was measured at again held the SLO: "
+            "it is written without a confirmed claim (see the report)")
+    elif not t.confirmed:
+        say("no config beat the start, and the start held no rate on a second measurement: nothing was "
+            "changed (see the report)")
         return 1
     return 0
 

@@ -60,6 +60,22 @@ class CostModel:
         """The rate batches of `b` should sustain: the rules' headroom of their capacity."""
         return self.rules.headroom * self.capacity(b, instances)
 
+    def rate_within(self, max_batch: int, delay_us: int, p95_ms: float, instances: int = 1) -> float:
+        """The highest rate whose estimated P95 meets `p95_ms`, never above the sustainable rate
+        (0 when not even a lone request does): a config's predicted edge, where the headroom's
+        rate alone would predict a P95 over the SLO for a model whose one execution is a large
+        share of it."""
+        high = self.sustainable(max(1, max_batch), instances)
+        if self.p95_ms(max_batch, delay_us, high, instances) <= p95_ms:
+            return high
+        if self.t_ms(1) > p95_ms:
+            return 0.0
+        low = 0.0
+        for _ in range(40):
+            mid = (low + high) / 2
+            low, high = (mid, high) if self.p95_ms(max_batch, delay_us, mid, instances) <= p95_ms else (low, mid)
+        return low
+
     def to_json(self) -> dict:
         return {"c_fixed_ms": round(self.c_fixed_ms, 4), "c_per_ms": round(self.c_per_ms, 4),
                 "points": [list(p) for p in self.points]}

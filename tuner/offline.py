@@ -1,22 +1,29 @@
-"""Offline tuning: a model-guided start, then a closed loop of measured trials, every decision
-taken against the run-to-run noise of the machine at hand (tuner/noise.py).
+"""Offline tuning: a model-guided start, a broad screen, then a closed loop of measured trials,
+every decision taken against the run-to-run noise of the machine at hand (tuner/noise.py).
 
-1. Calibration: three short closed-loop runs at 1, B/2 and 2B clients give executions of several
-   batch sizes; `T(B) = C_fixed + B * C_per` is fitted to Triton's per-batch-size statistics.
+1. Calibration (tuner/calibration.py): three short closed-loop runs at 1, B/2 and 2B clients give
+   executions of several batch sizes; `T(B) = C_fixed + B * C_per` is fitted to Triton's
+   per-batch-size statistics of the runs that were not saturated, and the fit says when it
+   cannot rank the configs.
 2. Baseline: the spec's own config, its sustained rate searched from the cost model's estimate.
-3. Start: the candidate the cost model ranks best (batch, instances; the delay that the expected
-   rate fills within the SLO budget).
+3. Screen (tuner/screen.py): where the space of batch x instances is small (it is on an edge box),
+   every config runs side by side, the start among them, at the rung the start missed, and the
+   field narrows round by round at rates two rungs higher; the finalist that held the highest
+   rate walks to its edge. A larger space starts from the config the cost model ranks best.
 4. Hill climbing: one knob at a time (batch x2 or /2, delay one rung up or one or two down the
-   ladder, one instance more or less), best-predicted first. A neighbour is screened by one run at
-   the incumbent's rate; one that is not faster there than the incumbent usually is costs that
-   run only. Otherwise interleaved runs (C I I C) decide: it wins only when it is faster in
-   both pairs by more than the measured noise, and holds the target in both. A candidate that
-   `tritonkit probe` found stalls the server is never proposed.
+   ladder, one instance more or less), best-predicted first, none the screen measured. For the
+   lowest P95 at a rate, a neighbour is screened by one run at the incumbent's rate; one that is
+   not faster there than the incumbent usually is costs that run only. Otherwise interleaved runs
+   (C I I C) decide: it wins only when it is faster in both pairs by more than the measured
+   noise, and holds the target in both. A candidate that `tritonkit probe` found stalls the
+   server is never proposed.
 5. The queue policy that protects the SLO is derived for the winner from measured times, checked
    at 1.5x and 3x its capacity (tuner/protect.py: a policy that fails is tightened once, then
    dropped with the reason in the report), and the winner is measured again to confirm it: the
    requests of three runs, pooled, must meet the SLO (tuner/pooled.py), stepping its rate down
-   until they do.
+   until they do, with the start run beside it. A winner no faster than the start beside it is
+   not written; one that beat it is written even when no rate is confirmed, and says so: the
+   search never returns a config worse than one it measured.
 
 A sustained rate is the highest rate on the ladder (steps of self.rules.rate_step) that holds in most runs:
 one run decides a rate only when its P95 is far (two log SDs of the noise) from the target, else the majority
@@ -32,12 +39,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tritonkit.server_traits import ServerTraits, stall_risk
 from tritonkit.slo import ERROR_BOUND, meets
-from tritonkit.spec import QueuePolicy
-from tritonkit.tuner.costmodel import CostModel, batch_points, delay_for, fit
+from tritonkit.tuner.calibration import Calibration, calibrate
+from tritonkit.tuner.costmodel import CostModel, batch_points, delay_for
 from tritonkit.tuner.knobs import Knobs, max_instances, neighbours, on_ladder, powers_of_two
 from tritonkit.tuner.ladder import walk_down, walk_up
 from tritonkit.tuner.noise import Noise, clear, majority, settle, wins
@@ -51,6 +58,7 @@ from tritonkit.tuner.protect import (
     tightened,
 )
 from tritonkit.tuner.rules import RULES, Rules
+from tritonkit.tuner.screen import Halving, Seen
 from tritonkit.tuner.strategy import HillClimb, drive
 from tritonkit.tuner.trials import Trial, Trials
 
@@ -108,6 +116,27 @@ class Tuning:
     noise_repeats: int = 0  # repeated runs behind it (0: the prior alone)
     # the machine's own speed at the start and the end: {"batch", "start_ms", "end_ms", "change"}
     speed: dict | None = None
+    # the best config any verdict measured (label, the highest rate it held): the written one,
+    # unless `differs_because` says why not
+    best_measured: tuple[str, float] | None = None
+    differs_because: str = ""
+    # the confirmation's runs of the winner and of the start beside it, at the same rates:
+    # (winner P95, start P95), math.inf for a run that failed outright
+    beside_start: list[tuple[float, float]] = field(default_factory=list)
+    predicts: bool = True  # the cost model could rank candidates (else the space was screened blind)
+
+    @property
+    def beat_start(self) -> bool:
+        """The winner was faster than the start in most runs beside it (none made: what the search found)."""
+        if not self.beside_start:
+            return not self.kept and self.best.passed
+        return 2 * sum(w < s for w, s in self.beside_start) > len(self.beside_start)
+
+    @property
+    def written(self) -> bool:
+        """A config is written: a confirmed one, or a winner that beat the start beside it though no
+        rate was confirmed within the trials left (the report says so)."""
+        return self.confirmed or (not self.kept and self.beat_start)
 
     @property
     def kept(self) -> bool:
@@ -134,6 +163,8 @@ class Search:
         # the most the calibration's closed loop got through: no open-loop rate above it is offered
         # first, as the client and the server share the machine (`Rules.ceiling`)
         self.ceiling = 0.0  # 0: not calibrated
+        self.calibration: Calibration | None = None
+        self.held: dict[Knobs, float] = {}  # the highest rate each config held by a verdict
 
     @property
     def budget_left(self) -> int:
@@ -176,8 +207,11 @@ class Search:
             p95 = None if math.isinf(self.p95(t)) else t.p95_ms
             return clear(p95, t.passed, self.obj.target_p95_ms, self.noise.log_sd, self.rules)
 
-        return settle(lambda: self.measure(k, rate, phase), lambda t: t.passed, lambda: self.budget_left > 0,
-                      is_clear, runs, self.rules)
+        ok, runs = settle(lambda: self.measure(k, rate, phase), lambda t: t.passed, lambda: self.budget_left > 0,
+                          is_clear, runs, self.rules)
+        if ok and rate > self.held.get(k, 0.0):
+            self.held[k] = rate
+        return ok, runs
 
     def _score(self, k: Knobs, rate: float, runs: list[Trial], ok: bool) -> Score:
         if self.obj.rps:  # latency: the median P95 of the runs, whether they passed or not
@@ -272,32 +306,18 @@ class Search:
     # -- the model-guided start -------------------------------------------------------------------
 
     def calibrate(self) -> CostModel:
-        # An unbounded queue without timeouts: calibration wants executions, not rejections.
-        k = Knobs(self.bound, 2000 if self.bound else 0, 1, queue=QueuePolicy() if self.bound else None)
-        points: list = []
-        for clients in dict.fromkeys([1, max(1, self.bound // 2), max(2, 2 * self.bound)]):
-            trial = self.t.run(k, self.t.closed_load(clients, seconds=1.0), "calibrate")
-            if self.rules.ceiling:
-                self.ceiling = max(self.ceiling, trial.ok_rps)
-            if trial.batch_stats and (these := batch_points(*trial.batch_stats)):
-                points += these
-                b, _, ms = max(these, key=lambda p: p[1])
-                self.reference = (k, clients, b, ms)
-        merged: dict[int, list] = {}
-        for b, c, ms in points:
-            m = merged.setdefault(b, [0, 0.0])
-            m[0], m[1] = m[0] + c, m[1] + c * ms
-        model = fit([(b, c, total / c) for b, (c, total) in sorted(merged.items())], self.rules)
-        self.log(f"  cost model: T(B) = {model.c_fixed_ms:.3f} ms + B x {model.c_per_ms:.3f} ms "
-                 f"(from {len(model.points)} batch sizes)")
-        return model
+        self.calibration = c = calibrate(
+            lambda k, clients: self.t.run(k, self.t.closed_load(clients, seconds=1.0), "calibrate"),
+            self.bound, self.obj.slo_p95_ms, self.rules, self.log)
+        self.ceiling, self.reference = c.ceiling, c.reference
+        return c.model
 
     def ranked(self, cm: CostModel) -> list[tuple[float, Knobs]]:
         """Every (batch, instances) with the delay its expected rate fills, best predicted first."""
         out = []
         for instances in range(1, self.most_instances + 1):
             for b in powers_of_two(self.bound) or [0]:  # 0: no batch axis
-                rate = self.obj.rps or cm.sustainable(max(b, 1), instances)
+                rate = self.obj.rps or cm.rate_within(max(b, 1), 0, self.obj.target_p95_ms, instances)
                 k = Knobs(b, on_ladder(delay_for(cm, b, rate, self.obj.slo_p95_ms, instances), self.rules), instances)
                 p95 = predict_p95(cm, k, rate)
                 score = -p95 if self.obj.rps else (rate if p95 <= self.obj.slo_p95_ms else 0.0)
@@ -326,13 +346,16 @@ class Search:
         log("== baseline: the spec's own config")
         baseline = self.evaluate(baseline_knobs, "baseline", start_rate=self.start_rate(cm, baseline_knobs))
         ranked = self.ranked(cm)
-        predicted, start = next(((v, k) for v, k in ranked if not self.stalls(k)), ranked[0])
-        log(f"== start: {start.label()} (predicted {predicted:.1f})")
-        incumbent = baseline
-        if start != baseline_knobs:
-            # the start must beat the baseline as any neighbour must (at the rung above the
-            # baseline's rate): a rate search of its own would measure what the baseline's did
-            incumbent = self.challenge(baseline, start, "start") or baseline
+        blind = self.calibration.blind if self.calibration else ""
+        if not blind and not self.obj.rps and not any(v > 0 for v, _ in ranked):
+            blind = "it predicts no rate within the SLO for any config"
+            log(f"  the cost model cannot predict: {blind}")
+        # a screen needs a round's trials and a verdict after it; short of them, a fit that can
+        # rank still gives a start worth climbing from
+        if blind or (len(ranked) <= self.rules.screen_space and self.budget_left >= len(ranked) + self.rules.runs):
+            incumbent, tried = self._screened(baseline, ranked, blind)
+        else:
+            incumbent, tried = self._started(baseline, ranked)
         log("== hill climbing")
         skipped: set[Knobs] = set()
 
@@ -346,7 +369,7 @@ class Search:
                     continue
                 yield n
 
-        climb = HillClimb(incumbent.knobs, incumbent, moves, tried=[baseline.knobs, start])
+        climb = HillClimb(incumbent.knobs, incumbent, moves, tried=[baseline.knobs, *tried])
 
         def measure(k: Knobs) -> Score | None:
             score = self.challenge(climb.result, k)
@@ -358,15 +381,88 @@ class Search:
         incumbent = climb.result
         stopped = "no neighbour beat the incumbent by more than the noise" if exhausted else \
             f"trial budget ({self.max_trials}) used"
-        tuning = Tuning(self.obj, baseline, incumbent, cm, self.bound, stopped_because=stopped)
+        tuning = Tuning(self.obj, baseline, incumbent, cm, self.bound, stopped_because=stopped, predicts=not blind)
         if incumbent.passed:
             self._protect_and_confirm(tuning, cm)
         elif not self.obj.rps:
             self._lower_and_confirm(tuning)
+        self._best_measured(tuning)
         tuning.noise_log_sd, tuning.noise_repeats = round(self.noise.log_sd, 3), self.noise.repeats
         log(f"noise: P95 of one config at one rate varies by {self.noise.log_sd:.0%} from run to run here "
             f"({self.noise.repeats} repeated runs{'' if self.noise.repeats else ': the prior alone'})")
         return tuning
+
+    def _started(self, baseline: Score, ranked: list[tuple[float, Knobs]]) -> tuple[Score, list[Knobs]]:
+        """A space too large to screen: the climb starts from the config the cost model ranks best,
+        which must beat the baseline as any neighbour must (at the rung above the baseline's rate)."""
+        predicted, start = next(((v, k) for v, k in ranked if not self.stalls(k)), ranked[0])
+        self.log(f"== start: {start.label()} (predicted {predicted:.1f})")
+        if start == baseline.knobs:
+            return baseline, []
+        return self.challenge(baseline, start, "start") or baseline, [start]
+
+    def _screened(self, baseline: Score, ranked: list[tuple[float, Knobs]], blind: str) -> tuple[Score, list[Knobs]]:
+        """The whole space screened side by side (tuner/screen.py), the start among it as it is; the
+        finalist that held the highest rate walks to its edge. Returns the incumbent for the climb
+        and every config screened (the climb proposes none of them again)."""
+        start = baseline.knobs
+        candidates = []
+        # batch by batch, the instance counts side by side: a slow spell of a few runs hits
+        # neighbouring configs of both kinds, never a block of one kind
+        for _, k in sorted(ranked, key=lambda x: (x[1].max_batch, x[1].instances)):
+            # no delay while screening: near a config's edge its queue fills batches by itself, and
+            # the delay is the refinement's to move (the climb); a model's delay would screen its guess
+            k = replace(k, delay_us=0)
+            if (k.max_batch, k.instances) == (start.max_batch, start.instances):
+                k = start
+            if not self.stalls(k):
+                candidates.append(k)
+        if start not in candidates:
+            candidates.insert(0, start)
+        if self.obj.rps:
+            rate = self.obj.rps
+        elif baseline.passed:
+            rate = baseline.rate * self.rules.rate_step  # the rung the start missed
+        else:
+            tried = [t.rate for t in self.t.trials if t.label == start.label() and t.rate]
+            rate = min(tried, default=100.0) / self.rules.rate_step  # below the lowest it missed
+        self.log(f"== screen: {len(candidates)} configs side by side at {rate:.0f} req/s"
+                 + ("" if self.obj.rps else ", the rate two rungs higher each round")
+                 + (f" (the cost model cannot predict: {blind})" if blind else ""))
+        h = Halving(candidates, rate, fixed_rate=bool(self.obj.rps), rules=self.rules)
+        runs: dict[tuple[Knobs, float], list[Trial]] = {}
+
+        def measure(c: tuple[Knobs, float]) -> Seen:
+            k, r = c
+            t = self.measure(k, r, "screen")
+            runs.setdefault(c, []).append(t)
+            self.log(f"    {k.label()} at {r:.0f} req/s: P95 {'-' if t.p95_ms is None else f'{t.p95_ms:.1f}'} ms"
+                     f"{'' if t.passed else ', missed'}")
+            return Seen(self.p95(t), t.passed)
+
+        drive(h, measure, lambda: self.budget_left > self.rules.runs)
+        h.stop()
+        best = baseline
+        for f in h.finalists:
+            if f.knobs == start:
+                break  # the start ranked above the rest, side by side: nothing screened beat it
+            if f.rate is None:
+                continue
+            if self.obj.rps:
+                found = self._score(f.knobs, f.rate, runs[(f.knobs, f.rate)], True)
+                better = best is baseline and (not baseline.passed or found.value > baseline.value)
+            else:
+                ok, held = self.verdict_at(f.knobs, f.rate, "finalist", runs[(f.knobs, f.rate)][-1:])
+                if not ok:
+                    continue
+                found = self.sustained(f.knobs, f.rate, "finalist", given=held)
+                better = found.value > best.value * (self.rules.rate_step if best is not baseline else 1.0)
+            if better:
+                best = found
+        names = ", ".join(f"{f.knobs.label()} (held {'-' if f.rate is None else f'{f.rate:.0f}'})"
+                          for f in h.finalists)
+        self.log(f"  finalists: {names}; incumbent {best.knobs.label()}")
+        return best, [k for k, _ in runs]
 
     def speed_check(self, tuning: Tuning) -> None:
         """Run the last calibration point again, if a trial is left, and record how the compute
@@ -384,6 +480,23 @@ class Search:
         tuning.speed = {"batch": b, "start_ms": round(start_ms, 3), "end_ms": round(end_ms, 3),
                         "change": round(end_ms / start_ms - 1, 3)}
         self.log(f"  T({b}) {start_ms:.2f} ms at the start, {end_ms:.2f} ms now ({end_ms / start_ms - 1:+.0%})")
+
+    def _best_measured(self, tuning: Tuning) -> None:
+        """The config that held the highest rate by any verdict, against the one written: they differ
+        only for a reason the report gives (a winner a paired comparison preferred, a rung within
+        the noise, a start that held its own beside the winner)."""
+        if self.obj.rps or not self.held:
+            return
+        k, rate = max(self.held.items(), key=lambda x: x[1])
+        tuning.best_measured = (k.label(), round(rate, 1))
+        written = tuning.best.knobs
+        same = (k.max_batch, k.delay_us, k.instances) == (written.max_batch, written.delay_us, written.instances)
+        if not same and not tuning.differs_because:
+            mine = self.held.get(replace(written, queue=None, level_queues=()), self.held.get(written, 0.0))
+            tuning.differs_because = (
+                f"{k.label()} held {rate:.0f} req/s once, {written.label()} {mine:.0f}: "
+                + ("within one rung, the search's resolution" if rate <= mine * self.rules.rate_step * 1.001 else
+                   "it did not win its side-by-side runs"))
 
     def _ordered(self, ks: list[Knobs], cm: CostModel) -> list[Knobs]:
         if self.obj.rps:
@@ -410,10 +523,20 @@ class Search:
                  "pass/fail below is each run's against the search's target")
         # down the ladder as far as the trials left allow: a box that slowed after the search may
         # hold only several rungs down, and trials kept for the end are worth spending on it
+        beside = None if tuning.kept else tuning.baseline.knobs
+        pairs: list[tuple[Trial, Trial]] = []
         confirmed = confirm(self.t, candidates, rate, step_down=not self.obj.rps,
-                            limit=self.final_left, objective=self.obj, rules=self.rules)
+                            limit=self.final_left, objective=self.obj, rules=self.rules, beside=beside, pairs=pairs)
+        tuning.beside_start = [(self.p95(w), self.p95(b)) for w, b in pairs]
+        if pairs:
+            self.log(f"  beside the start: P95 {_pairs(tuning.beside_start)} ms "
+                     f"({'the winner' if tuning.beat_start else 'the start'} was faster in most)")
         if confirmed is not None:
             tuning.best, tuning.confirmed = confirmed, True
+        if beside is not None and not tuning.beat_start:
+            # the start held its own beside the winner: never write a config no better than it
+            tuning.differs_because = f"{best.knobs.label()} was no faster than the start beside it at the confirmation"
+            tuning.best, tuning.confirmed = tuning.baseline, False
 
     def _lower_and_confirm(self, tuning: Tuning) -> None:
         """Nothing held within the search's budget: the trials kept for the overload check and the
@@ -469,17 +592,27 @@ class Search:
 
 
 def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: bool, objective: Objective,
-            limit: int | None = None, rules: Rules = RULES) -> Score | None:
+            limit: int | None = None, rules: Rules = RULES, beside: Knobs | None = None,
+            pairs: list[tuple[Trial, Trial]] | None = None) -> Score | None:
     """Measure again at `rate`: a candidate is confirmed where its runs, pooled, meet the SLO itself
     (`held`; the search aimed at the SLO less the margin), and the first one confirmed wins (later
     ones are fallbacks). A rate that does not hold steps down, `rules.max_steps_down` rates at most
     (the tuner's and the bench grid's winners alike); a fixed target rate is the only rate tried.
-    At most `limit` trials."""
+    At most `limit` trials. `beside`: the start, run after a candidate's first run at the claimed rate
+    and between its runs wherever its verdict is open (W S W S W), each pair appended to `pairs`:
+    whether the winner beat the start is decided in the same minutes, whatever rate it holds."""
     end = len(trials.trials) + (limit if limit is not None else rules.max_steps_down * rules.runs * len(candidates))
     for r in [rate / rules.rate_step ** i for i in range(rules.max_steps_down)] if step_down else [rate]:
         for k in candidates:
             runs: list[Trial] = []
-            while (verdict := confirmation_verdict(runs, objective, rules)) is None:
+            while True:
+                verdict = confirmation_verdict(runs, objective, rules)
+                if runs and beside is not None and pairs is not None and len(trials.trials) < end and \
+                        (verdict is None or not pairs):
+                    # the start beside the run just made: while the verdict is open, and at the claim
+                    pairs.append((runs[-1], trials.run(beside, trials.open_load(r), "beside")))
+                if verdict is not None:
+                    break
                 if len(trials.trials) >= end:
                     return None
                 runs.append(trials.run(k, trials.open_load(r), "confirm"))

@@ -37,6 +37,10 @@ def _score(s: Score) -> dict:
             "runs": [t.n for t in s.runs]}
 
 
+def _ms(v: float) -> str:
+    return "failed" if math.isinf(v) else f"{v:.1f}"
+
+
 def describe_server(about: dict) -> str:
     """One line naming the server a tune measured: its figures hold for that server only."""
     return f"Triton {about['version']} at {about['url']} ({about['backend']}; {about['started_by']})"
@@ -53,6 +57,11 @@ def log_json(model: str, tuning: Tuning, trials: list[Trial], seconds: float, ab
         "bound": tuning.bound,
         "cost_model": tuning.cost_model.to_json() if tuning.cost_model else None,
         "baseline": _score(tuning.baseline), "best": _score(tuning.best), "confirmed": tuning.confirmed,
+        "written": tuning.written, "cost_model_predicts": tuning.predicts,
+        "best_measured": None if tuning.best_measured is None else
+        {"label": tuning.best_measured[0], "rate": tuning.best_measured[1]},
+        "differs_because": tuning.differs_because,
+        "beside_start": [[None if math.isinf(w) else w, None if math.isinf(b) else b] for w, b in tuning.beside_start],
         "stopped_because": tuning.stopped_because,
         "overload": [t.to_json() for t in tuning.overload],
         "policy_note": tuning.policy_note,
@@ -146,6 +155,17 @@ def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial],
              *([line("kept", w)] if tuning.kept else [line("before", b), line("after", w)]), "",
              f"Confirmed by a second measurement: {'yes' if tuning.confirmed else 'no'}. "
              f"Search stopped: {tuning.stopped_because}. {len(trials)} trials in {seconds:.0f} s.", ""]
+    if tuning.beside_start:
+        pairs = ", ".join(f"{_ms(w)} vs {_ms(s)}" for w, s in tuning.beside_start)
+        lines += [f"Beside the start, at the same rates in the same minutes: P95 {pairs} ms (winner vs start); "
+                  f"{'the winner' if tuning.beat_start else 'the start'} was faster in most.", ""]
+    if tuning.best_measured:
+        label, rate = tuning.best_measured
+        lines += [f"Best measured: {label} held {rate:.0f} req/s. "
+                  + (f"Written instead: {w.knobs.label()}, because {tuning.differs_because}."
+                     if tuning.differs_because else "It is the config written."), ""]
+    if not tuning.predicts:
+        lines += ["The cost model could not rank the configs (see the log): the whole space was screened.", ""]
     o = tuning.objective
     if o.margin:
         lines += [f"Margin: every trial had to meet P95 <= {o.target_p95_ms:.3g} ms, the SLO less {o.margin:.0%}, "

@@ -21,6 +21,8 @@ class Rules:
     saturation: float = 0.98  # a load this share of the full batches' capacity: no P95 to estimate
     # cores Triton's own threads and the load generator take: instances beyond the rest run no faster
     reserved_cores: float = 0.5
+    # a calibration run whose P95 is this many SLOs over was saturated: left out of the fit
+    saturated_slos: float = 3.0
     # instances per group tried on a server the kit did not start (`tune --url`): it does not say how
     # many cores or GPUs it has, so the search is bounded here (edge boxes: 2 to 8 cores, one GPU)
     remote_instances: int = 4
@@ -31,6 +33,16 @@ class Rules:
     # no first rate above what the calibration's closed loop got through: the client shares the
     # machine with the server, which a rate predicted from compute times alone leaves out
     ceiling: bool = True
+
+    # -- the broad screen (tuner/screen.py) -----------------------------------------------------
+    # a space of batch x instances this small is screened whole, briefly, before it is refined: a
+    # one-knob climb from the user's start can stop at one noisy rung and never see a corner
+    screen_space: int = 30
+    # share of a round's field kept for the next, of those that held: a round far below the best
+    # configs' edges ranks them by little more than noise, so no more than half goes
+    screen_keep: float = 0.5
+    screen_finalists: int = 2  # configs the screen hands on: one losing run does not drop the runner-up
+    screen_raise: float = 1.15 ** 2  # each round's rate over the last one's: two rungs of the ladder
 
     # -- noise (tuner/noise.py) ------------------------------------------------------------------
     prior_log_sd: float = 0.2  # repeated runs near capacity on a shared 2-core box: 0.1 to 0.4 (log P95)
@@ -57,8 +69,9 @@ class Rules:
 
     @property
     def final_trials(self) -> int:
-        """Trials kept for the end: the overload checks, and a confirmation at two rates at most."""
-        return len(self.overload_factors) + 2 * self.runs
+        """Trials kept for the end: the overload checks, a confirmation at two rates at most, and
+        the start's runs beside the first."""
+        return len(self.overload_factors) + 3 * self.runs - 1
 
 
 RULES = Rules()

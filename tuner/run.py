@@ -84,7 +84,7 @@ def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: P
                 log("tuning stopped: the pre-tuning config is back in the repository")
                 outputs.write_log(out_dir, outputs.partial_log(model, trials.trials, about))
         files = _write(spec, model, tuning, trials, out_dir, time.perf_counter() - t0, about, write_decision)
-        if write_decision and tuning.confirmed:
+        if write_decision and tuning.written:
             # what tuned.yaml now says, applied in memory: the decision and the repository agree
             generate(tuning.best.knobs.apply(spec, model), repo)
     return TuneResult(tuning, trials, files, time.perf_counter() - t0)
@@ -135,6 +135,6 @@ def _write(spec: Spec, model: str, tuning: Tuning, trials: Trials, out_dir: Path
            write_decision: bool) -> dict[str, Path]:
     files = outputs.write_log(out_dir, outputs.log_json(model, tuning, trials.trials, seconds, about))
     files["report.md"] = outputs.write_report(out_dir, model, tuning, trials.trials, seconds, about)
-    if write_decision and tuning.confirmed:
+    if write_decision and tuning.written:
         files["tuned.yaml"] = outputs.write_tuned(spec, model, tuning.best.knobs, about)
     return files

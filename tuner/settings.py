@@ -26,7 +26,9 @@ def slo_for(spec: Spec, model: str, p95_ms: float | None) -> float:
 class TuneSettings:
     p95_ms: float | None = None  # None: the model's slo.p95_ms
     rps: float | None = None  # offline: the lowest P95 at this rate; None: the highest rate within the SLO
-    max_trials: int = 30  # offline
+    # offline: calibration, the start, a screen of the whole space (10 configs on two cores) over its
+    # rounds, the finalists' edges, the overload gate and a confirmation beside the start
+    max_trials: int = 40
     max_errors: float = ERROR_BOUND  # offline: error ratio a trial may have
     max_batch: int | None = None  # offline: the largest max batch to try
     margin: float = RULES.slo_margin  # offline: share of the SLO held back
