@@ -7,6 +7,12 @@ the onnx helper (no downloads), each served from the config a new user writes fi
   batching pays little on a CPU and instances may matter more.
 - tiny: a small MLP whose fixed cost per request dominates its compute.
 - latency: the sample model at a fixed rate (`slo.rps`): the lowest P95 there.
+
+Two more the tuner's constants were never fitted to, held out to show what a new user's model gets:
+- convnet: a small convolutional classifier over 64x64 images (two strided convolutions, a global
+  pool, a linear head), P95 <= 20 ms.
+- wide: a wide convolutional recogniser over 160x160 images whose one request takes tens of
+  milliseconds on a CPU core, P95 <= 100 ms.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from tritonkit import sample_model
 from tritonkit.errors import InputError, flag_problem
 from tritonkit.files import write_bytes_atomic
 
-CASES = ("mlp", "detector", "tiny", "latency")
+CASES = ("mlp", "detector", "tiny", "latency", "convnet", "wide")
+HELD_OUT = ("convnet", "wide")  # cases no constant of the tuner was tuned on
 
 
 def detector(path: Path, channels: int = 32, seed: int = 3) -> Path:
@@ -50,6 +57,36 @@ def detector(path: Path, channels: int = 32, seed: int = 3) -> Path:
     return path
 
 
+def classifier(path: Path, convs: list[tuple[int, int]], size: int, classes: int, seed: int) -> Path:
+    """images [B, 3, size, size] -> logits [B, classes]: 3x3 convolutions (out channels, stride),
+    each with a ReLU, a global average pool and a linear head, as image classifiers are exported."""
+    rng = np.random.default_rng(seed)
+
+    def w(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
+        fan_in = int(np.prod(shape[1:]))
+        return numpy_helper.from_array((rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32), name)
+
+    nodes, inits, x, channels = [], [], "images", 3
+    for i, (out, stride) in enumerate(convs):
+        inits.append(w(f"c{i}", (out, channels, 3, 3)))
+        nodes += [helper.make_node("Conv", [x, f"c{i}"], [f"a{i}"], strides=[stride, stride], pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"a{i}"], [f"r{i}"])]
+        x, channels = f"r{i}", out
+    inits += [w("head", (channels, classes)), numpy_helper.from_array(np.zeros(classes, np.float32), "bias")]
+    nodes += [helper.make_node("GlobalAveragePool", [x], ["pooled"]),
+              helper.make_node("Flatten", ["pooled"], ["flat"]),
+              helper.make_node("Gemm", ["flat", "head", "bias"], ["logits"])]
+    graph = helper.make_graph(
+        nodes, path.stem,
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, size, size])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes])], initializer=inits)
+    model = helper.make_model(graph, producer_name="triton-edge-kit", opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    write_bytes_atomic(path, model.SerializeToString())
+    return path
+
+
 def write_case(name: str, folder: Path) -> Path:
     """The case's ONNX file and deploy.yaml in `folder`; returns the spec's path."""
     if name not in CASES:
@@ -60,6 +97,12 @@ def write_case(name: str, folder: Path) -> Path:
         sample_model.write(folder / "mlp.onnx")
         model = {"name": name, "onnx": "mlp.onnx", "max_batch_size": 16, "batching": naive,
                  "slo": {"p95_ms": 25} if name == "mlp" else {"p95_ms": 25, "rps": 400}}
+    elif name == "convnet":
+        classifier(folder / "convnet.onnx", [(32, 2), (64, 2)], size=64, classes=10, seed=5)
+        model = {"name": name, "onnx": "convnet.onnx", "max_batch_size": 16, "batching": naive, "slo": {"p95_ms": 20}}
+    elif name == "wide":
+        classifier(folder / "wide.onnx", [(64, 1), (64, 2), (128, 2)], size=160, classes=100, seed=7)
+        model = {"name": name, "onnx": "wide.onnx", "max_batch_size": 16, "batching": naive, "slo": {"p95_ms": 100}}
     elif name == "tiny":
         sample_model.write(folder / "tiny.onnx", width=64, layers=2)
         model = {"name": name, "onnx": "tiny.onnx", "max_batch_size": 16, "batching": naive, "slo": {"p95_ms": 10}}

@@ -67,7 +67,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         for case in a.case or list(CASES):
             run_versus(case, a.out / "versus", ma_wall_s=a.ma_wall_s, rounds=rounds, seconds=a.seconds,
                        engine=s.engine, max_trials=s.max_trials, kit_runs=a.kit_runs,
-                       model_analyzer_from=a.model_analyzer_from, hold_loads=a.hold_loads, log=say)
+                       model_analyzer_from=a.model_analyzer_from, hold_loads=a.hold_loads, noise=a.noise_source,
+                       log=say)
         say(f"wrote {a.out / 'versus'}/<case>/bench_versus.json")
     elif a.what == "remote":
         rounds = 3 if a.rounds is None else a.rounds
@@ -172,6 +173,9 @@ def register(sub) -> None:
                     help="versus: 30 s load tests of each confirmed kit winner at its promised rate (default none)")
     sp.add_argument("--kit-runs", type=int, default=1,
                     help="versus: run `tune` this many times per case, every winner judged in the same rounds")
+    sp.add_argument("--noise-source", action="store_true",
+                    help="versus: run each case beside a process that burns one core in random bursts, about a "
+                         "third of the time (a noisy edge node)")
     sp.add_argument("--model-analyzer-from", type=Path,
                     help="versus: Model Analyzer's result from an earlier run's folder (or bench_versus.json) "
                          "instead of a new search")

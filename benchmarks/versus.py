@@ -9,11 +9,12 @@ latency objective the P95 at the fixed rate.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
 
-from tritonkit.benchmarks.cases import write_case
+from tritonkit.benchmarks.cases import CASES, write_case
 from tritonkit.benchmarks.judge import (
     Entrant,
     format_judged,
@@ -24,12 +25,13 @@ from tritonkit.benchmarks.judge import (
     served_side_by_side,
 )
 from tritonkit.benchmarks.model_analyzer import format_model_analyzer, peer_start, run_model_analyzer, winner_model
+from tritonkit.benchmarks.noise_source import noise_source
 from tritonkit.configs.loader import load_spec
 from tritonkit.errors import input_error
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.slo import ERROR_BOUND
-from tritonkit.tuner.knobs import max_instances
+from tritonkit.tuner.knobs import from_spec, max_instances
 from tritonkit.tuner.run import max_batch_bound, tune_offline
 from tritonkit.tuner.settings import TuneSettings
 from tritonkit.tuner.trials import TrialWindow
@@ -38,13 +40,30 @@ from tritonkit.tuner.trials import TrialWindow
 def run_versus(case: str, out_dir: Path, *, ma_wall_s: float, rounds: int = 3, seconds: float = 5.0,
                engine: str = TuneSettings.engine, max_trials: int = TuneSettings.max_trials, kit_runs: int = 1,
                model_analyzer_from: Path | None = None, hold_loads: int = 0, hold_s: float = 30.0,
-               log: Callable[[str], None] = print) -> dict:
+               noise: bool = False, log: Callable[[str], None] = print) -> dict:
     """One case: MA's search (or its result from an earlier `bench_versus.json` of this case, as MA
     runs take 3-9 minutes here), `tune` `kit_runs` times from the same start, then every winner
     before the judge together, so each tuning's pick is judged in the same rounds as MA's. Then,
     for the most throughput, `hold_loads` load tests of `hold_s` seconds of each confirmed kit
-    winner at the rate its tuning promised."""
+    winner at the rate its tuning promised. `noise`: all of it beside the noise source
+    (benchmarks/noise_source.py), whose share of a core is recorded with the result."""
     folder = Path(out_dir).resolve() / case
+    with noise_source(folder / "noise_source.log", seed=CASES.index(case)) if noise else \
+            contextlib.nullcontext({}) as took:
+        result = _versus(case, folder, ma_wall_s=ma_wall_s, rounds=rounds, seconds=seconds, engine=engine,
+                         max_trials=max_trials, kit_runs=kit_runs, model_analyzer_from=model_analyzer_from,
+                         hold_loads=hold_loads, hold_s=hold_s, log=log)
+    result["noise_source"] = took or None
+    if took:
+        log(f"noise source: {took['busy_share']:.0%} of a core in {took['bursts']} bursts over {took['seconds']:.0f} s")
+    write_bytes_atomic(folder / "bench_versus.json", json.dumps(result, indent=2, default=str).encode())
+    log(format_versus(result))
+    return result
+
+
+def _versus(case: str, folder: Path, *, ma_wall_s: float, rounds: int, seconds: float, engine: str, max_trials: int,
+            kit_runs: int, model_analyzer_from: Path | None, hold_loads: int, hold_s: float,
+            log: Callable[[str], None]) -> dict:
     spec = load_spec(write_case(case, folder), folder / "repo")
     model = spec.models[0].name
     start = spec.model(model)
@@ -67,10 +86,15 @@ def run_versus(case: str, out_dir: Path, *, ma_wall_s: float, rounds: int = 3, s
                              rps=rps, max_trials=max_trials, window=TrialWindow(engine=engine),
                              write_decision=False, log=log)
         t = tuned.tuning
-        entrants.append(Entrant(name, t.best.knobs.model(start), claim_rps=None if rps else t.best.rate))
+        # the config the tuning writes: the start where it wrote none
+        written = t.best.knobs if t.written else from_spec(start)
+        entrants.append(Entrant(name, written.model(start), claim_rps=None if rps or not t.confirmed else t.best.rate))
         sides[name] = {"search_s": round(tuned.seconds, 1), "measurements": len(tuned.trials.trials),
                        "configs": len({x.label for x in tuned.trials.trials}), "winner": t.best.knobs.label(),
-                       "confirmed": t.confirmed, "kept": t.kept,
+                       "confirmed": t.confirmed, "kept": t.kept, "written": t.written,
+                       "search_proper_s": search_proper_s(tuned.trials.trials),
+                       "best_measured": t.best_measured and list(t.best_measured),
+                       "differs_because": t.differs_because, "cost_model_predicts": t.predicts,
                        "claim_rps": None if rps or t.best.rate is None else round(t.best.rate, 1)}
     if ma["winner"] is not None:
         entrants.append(Entrant("model_analyzer", winner_model(peer_start(start)[0], ma["winner"])))
@@ -93,11 +117,15 @@ def run_versus(case: str, out_dir: Path, *, ma_wall_s: float, rounds: int = 3, s
         held = hold(spec, model, promised, folder / "hold", loads=hold_loads, seconds=hold_s, p95_ms=slo, log=log)
         for name, runs in held.items():
             sides[name]["held_loads"] = runs
-    result = {"schema": SCHEMA, "kind": "bench/versus", "case": case, "model": model, "p95_ms": slo, "rps": rps,
-              "engine": engine, "sides": sides, "model_analyzer": ma, "judge": judged}
-    write_bytes_atomic(folder / "bench_versus.json", json.dumps(result, indent=2, default=str).encode())
-    log(format_versus(result))
-    return result
+    return {"schema": SCHEMA, "kind": "bench/versus", "case": case, "model": model, "p95_ms": slo, "rps": rps,
+            "engine": engine, "sides": sides, "model_analyzer": ma, "judge": judged}
+
+
+def search_proper_s(trials) -> float:
+    """Seconds of the trials that searched: neither calibration, nor the end's overload gate,
+    confirmation and speed check (what Model Analyzer's time to its last new measurement compares with)."""
+    return round(sum(t.seconds for t in trials if t.phase not in ("calibrate", "overload", "confirm", "beside",
+                                                                    "speed")), 1)
 
 
 def hold(spec, model: str, entrants: list[Entrant], work: Path, *, loads: int, seconds: float, p95_ms: float,

@@ -100,7 +100,7 @@ def test_the_judge_scores_configs_side_by_side_and_counts_refusals(workdir):
     assert all(r["rate"] >= 120 for r in j["runs"])  # the ladder stopped at its floor
 
 
-@pytest.mark.parametrize("case", ["mlp", "detector", "tiny", "latency"])
+@pytest.mark.parametrize("case", ["mlp", "detector", "tiny", "latency", "convnet", "wide"])
 def test_every_versus_case_is_a_valid_naive_start_that_runs(tmp_path, case):
     """Each case's spec passes the kit's rules, starts where a new user does (one instance, no
     queue delay), and its model runs in ONNX Runtime at the shape requests will carry."""
@@ -130,3 +130,22 @@ def test_ma_is_asked_for_the_kits_objective_and_picks_by_it():
                 {"variant": "c", "throughput_rps": 300.0, "p95_ms": 3.0}]
     assert best(measured, 25)["variant"] == "a"
     assert best(measured, 25, rps=400)["variant"] == "b"  # the lowest P95 that serves the rate
+
+
+def test_the_noise_source_burns_a_core_in_bursts_and_stops_with_its_block(tmp_path):
+    """The noisy neighbour of `bench versus --noise-source`: a real process that spins, stopped by its
+    own process id when the block ends; what it took is read from the bursts it logged."""
+    import os
+    import time
+
+    from tritonkit.benchmarks.noise_source import noise_source, summary
+
+    with noise_source(tmp_path / "noise.log", seed=1) as took:
+        pid = took["pid"]
+        os.kill(pid, 0)  # running
+        time.sleep(1.0)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert took["seconds"] >= 1.0 and 0.0 <= took["busy_share"] <= 1.0
+    (tmp_path / "log").write_text('{"at": 0, "busy_s": 2.0}\n{"at": 5, "busy_s": 1.0}\n')
+    assert summary(tmp_path / "log", 9.0) == {"seconds": 9.0, "busy_s": 3.0, "bursts": 2, "busy_share": 0.333}
