@@ -30,7 +30,7 @@ from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.slo import meets
 from tritonkit.tuner.knobs import Knobs, grid, powers_of_two
-from tritonkit.tuner.noise import clear
+from tritonkit.tuner.noise import clear, majority
 from tritonkit.tuner.offline import Objective, Search
 from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.run import tune_offline
@@ -115,7 +115,8 @@ def from_real_trials(trials_files: list[Path], rules: Rules = RULES) -> dict:
                 continue
             confirmations += 1
             pooled_held = i == len(confirm) - 1 and bool(d.get("confirmed"))
-            majority_held = sum(meets(t["p95_ms"], slo, t["error_ratio"], bound) for t in runs) > len(runs) // 2
+            majority_held = bool(majority([meets(t["p95_ms"], slo, t["error_ratio"], bound) for t in runs],
+                                          final=True))
             if pooled_held != majority_held:
                 said = {True: "held", False: "failed"}
                 disagree.append(f"{Path(f).parent.parent.name}: {label} at {rate:.0f} req/s, pooled "

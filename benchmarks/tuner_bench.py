@@ -35,7 +35,7 @@ from tritonkit.server_traits import ServerTraits
 from tritonkit.spec import Spec
 from tritonkit.stats import relative_range
 from tritonkit.tuner.knobs import Knobs, from_spec, grid, powers_of_two
-from tritonkit.tuner.ladder import walk_up
+from tritonkit.tuner.ladder import down_from, walk_up
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.offline import Score, Search, confirm
 from tritonkit.tuner.rules import RULES, Rules
@@ -60,14 +60,16 @@ def screen(trials: Trials, points: list[Knobs], rules: Rules = RULES) -> list[Sc
     `tuner/strategy.py`). Where none held the first rung (a box slower than the ladder assumes),
     all of them again from half that rate, down to GRID_MIN_RPS, so that the grid has a figure
     wherever the tuner can have one."""
-    start = GRID_START_RPS
-    while True:
+    screened: list[Score] = []
+
+    def any_holds(start: float) -> bool:
         grid_search = EveryCandidate(points)
-        drive(grid_search, lambda k, start=start: grid_capacity(trials, k, start, rules), lambda: True)
-        screened = [s for _, s in grid_search.results if s.rate]
-        if screened or start / 2 < GRID_MIN_RPS:
-            return sorted(screened, key=lambda s: -s.rate)
-        start /= 2
+        drive(grid_search, lambda k: grid_capacity(trials, k, start, rules), lambda: True)
+        screened[:] = [s for _, s in grid_search.results if s.rate]
+        return bool(screened)
+
+    down_from(GRID_START_RPS, any_holds, 2.0, lambda: True, 1 + int(math.log2(GRID_START_RPS / GRID_MIN_RPS)))
+    return sorted(screened, key=lambda s: -s.rate)
 
 
 def grid_capacity(trials: Trials, k: Knobs, start: float = GRID_START_RPS, rules: Rules = RULES) -> Score:

@@ -10,7 +10,8 @@ From a value that holds, the edge is bracketed, then bisected: first the value a
 geometric middle of the highest hold and the lowest miss, until the two are one `step` apart. A
 climb in equal steps would take n verdicts for an edge n steps away; this takes about 2 log2 n.
 From a value that misses, the walk goes down a step at a time, a few steps at most: a candidate
-that holds nothing far below where it was expected to is not worth more measurements.
+that holds nothing far below where it was expected to is not worth more measurements. A claim
+measured again steps down the same way from the claim itself (`down_from`).
 """
 
 from __future__ import annotations
@@ -46,11 +47,19 @@ def walk_down(miss: float, holds: Callable[[float], bool], step: float, more: Ca
               max_steps: int) -> float | None:
     """The first value that holds below `miss` (which missed), one `step` at a time, `max_steps`
     at most; None when none did before the steps or the budget ran out."""
-    x = miss
+    return down_from(miss / step, holds, step, more, max_steps)
+
+
+def down_from(start: float, holds: Callable[[float], bool], step: float, more: Callable[[], bool],
+              max_steps: int) -> float | None:
+    """The first of `start`, `start / step`, ... (`max_steps` values at most) that holds: a claim
+    measured again, stepping down until it holds (the offline confirmation, the mix's, the grid's
+    first rung); None when none did before the steps or the budget ran out."""
+    x = start
     for _ in range(max_steps):
         if not more():
             break
-        x /= step
         if holds(x):
             return x
+        x /= step
     return None

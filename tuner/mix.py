@@ -43,7 +43,7 @@ from tritonkit.spec import Spec
 from tritonkit.tuner import outputs
 from tritonkit.tuner.apply import LiveConfig, Models, Served
 from tritonkit.tuner.knobs import Knobs, from_spec, max_instances, neighbours
-from tritonkit.tuner.ladder import walk_down, walk_up
+from tritonkit.tuner.ladder import down_from, walk_down, walk_up
 from tritonkit.tuner.noise import settle
 from tritonkit.tuner.pooled import pool
 from tritonkit.tuner.rules import RULES, Rules
@@ -300,16 +300,17 @@ class MixSearch:
             self.load = search_load
 
     def _confirm(self, tuning: MixTuning, scale: float) -> None:
-        for _ in range(self.rules.max_steps_down):
-            if len(self.runs) + self.rules.runs > self.max_trials:
-                return
-            runs = [self.measure(tuning.best, scale, "confirm") for _ in range(self.rules.runs)]
+        def holds(x: float) -> bool:
+            runs = [self.measure(tuning.best, x, "confirm") for _ in range(self.rules.runs)]
             pooled = pooled_figures(runs, self.entries)
             if all(meets(f["p95_ms"], f["slo_ms"], f["error_ratio"], self.max_errors * self.rules.error_margin)
                    for f in pooled.values()):
-                tuning.scale, tuning.confirmed, tuning.confirmation = scale, True, pooled
-                return
-            scale /= self.rules.rate_step
+                tuning.scale, tuning.confirmed, tuning.confirmation = x, True, pooled
+                return True
+            return False
+
+        down_from(scale, holds, self.rules.rate_step, lambda: len(self.runs) + self.rules.runs <= self.max_trials,
+                  self.rules.max_steps_down)
 
 
 def pooled_figures(runs: list[MixRun], entries: list[Entry]) -> dict[str, dict]:

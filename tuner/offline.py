@@ -46,7 +46,7 @@ from tritonkit.slo import ERROR_BOUND, meets
 from tritonkit.tuner.calibration import Calibration, calibrate
 from tritonkit.tuner.costmodel import CostModel, batch_points, delay_for
 from tritonkit.tuner.knobs import Knobs, max_instances, neighbours, on_ladder, powers_of_two
-from tritonkit.tuner.ladder import walk_down, walk_up
+from tritonkit.tuner.ladder import down_from, walk_down, walk_up
 from tritonkit.tuner.noise import Noise, clear, majority, settle, wins
 from tritonkit.tuner.pooled import pooled, pooled_verdict
 from tritonkit.tuner.protect import (
@@ -189,8 +189,8 @@ class Search:
 
     # -- measuring, and the verdict at one rate -------------------------------------------------
 
-    def measure(self, k: Knobs, rate: float, phase: str) -> Trial:
-        t = self.t.run(k, self.t.open_load(rate), phase)
+    def measure(self, k: Knobs, rate: float, phase: str, share: float = 1.0) -> Trial:
+        t = self.t.run(k, self.t.open_load(rate, share), phase)
         if t.error_ratio <= self.obj.max_error_ratio:
             self.noise.observe(_key(k, rate), t.p95_ms)
         return t
@@ -434,7 +434,7 @@ class Search:
 
         def measure(c: tuple[Knobs, float]) -> Seen:
             k, r = c
-            t = self.measure(k, r, "screen")
+            t = self.measure(k, r, "screen", self.rules.screen_share)
             runs.setdefault(c, []).append(t)
             self.log(f"    {k.label()} at {r:.0f} req/s: P95 {'-' if t.p95_ms is None else f'{t.p95_ms:.1f}'} ms"
                      f"{'' if t.passed else ', missed'}")
@@ -602,24 +602,32 @@ def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: boo
     and between its runs wherever its verdict is open (W S W S W), each pair appended to `pairs`:
     whether the winner beat the start is decided in the same minutes, whatever rate it holds."""
     end = len(trials.trials) + (limit if limit is not None else rules.max_steps_down * rules.runs * len(candidates))
-    for r in [rate / rules.rate_step ** i for i in range(rules.max_steps_down)] if step_down else [rate]:
+    found: list[Score] = []
+
+    def more() -> bool:
+        return len(trials.trials) < end
+
+    def holds(r: float) -> bool:
         for k in candidates:
             runs: list[Trial] = []
             while True:
                 verdict = confirmation_verdict(runs, objective, rules)
-                if runs and beside is not None and pairs is not None and len(trials.trials) < end and \
-                        (verdict is None or not pairs):
+                if runs and beside is not None and pairs is not None and more() and (verdict is None or not pairs):
                     # the start beside the run just made: while the verdict is open, and at the claim
                     pairs.append((runs[-1], trials.run(beside, trials.open_load(r), "beside")))
-                if verdict is not None:
+                if verdict is not None or not more():
                     break
-                if len(trials.trials) >= end:
-                    return None
                 runs.append(trials.run(k, trials.open_load(r), "confirm"))
             if verdict:
                 p = pooled(runs, passed=True)
-                return Score(k, p.ok_rps if step_down else -p.p95_ms, r, p, runs)
-    return None
+                found.append(Score(k, p.ok_rps if step_down else -p.p95_ms, r, p, runs))
+                return True
+            if verdict is None:
+                return False  # out of trials mid-verdict
+        return False
+
+    down_from(rate, holds, rules.rate_step, more, rules.max_steps_down if step_down else 1)
+    return found[0] if found else None
 
 
 def confirmation_verdict(runs: list[Trial], objective: Objective, rules: Rules = RULES) -> bool | None:

@@ -43,6 +43,9 @@ class Rules:
     screen_keep: float = 0.5
     screen_finalists: int = 2  # configs the screen hands on: one losing run does not drop the runner-up
     screen_raise: float = 1.15 ** 2  # each round's rate over the last one's: two rungs of the ladder
+    # of a trial's window a screening run has: it ranks configs against each other in the same
+    # minutes, and the finalist's verdicts that follow use full windows
+    screen_share: float = 0.5
 
     # -- noise (tuner/noise.py) ------------------------------------------------------------------
     prior_log_sd: float = 0.2  # repeated runs near capacity on a shared 2-core box: 0.1 to 0.4 (log P95)

@@ -56,8 +56,8 @@ class SimulatedTrials:
         # with a queue policy does, serves a fraction of it slowly (collapses).
         self.collapses = collapses
 
-    def open_load(self, rate: float) -> Load:
-        return Load(rate=rate, duration_s=3, warmup_s=0.5, drain_s=1)
+    def open_load(self, rate: float, share: float = 1.0) -> Load:
+        return Load(rate=rate, duration_s=max(2.0, 3 * share), warmup_s=0.5, drain_s=1)
 
     def closed_load(self, clients: int, seconds: float | None = None) -> Load:
         return Load(concurrency=clients, duration_s=seconds or 3, warmup_s=0.5, drain_s=1)

@@ -221,9 +221,11 @@ class Trials:
                       f"with its stalls")
         t.passed = meets(t.p95_ms, self.target_p95_ms, t.error_ratio, self.max_error_ratio) and not short
 
-    def open_load(self, rate: float) -> Load:
+    def open_load(self, rate: float, share: float = 1.0) -> Load:
+        """`share`: of the window a full trial has (a screening run's is shorter), never under its minimum."""
         p = self.window
-        return Load(rate=rate, duration_s=p.window_s(rate), warmup_s=p.warmup_s, drain_s=p.drain_s)
+        return Load(rate=rate, duration_s=max(p.duration_s, round(share * p.window_s(rate), 2)), warmup_s=p.warmup_s,
+                    drain_s=p.drain_s)
 
     def closed_load(self, clients: int, seconds: float | None = None) -> Load:
         p = self.window
