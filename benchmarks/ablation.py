@@ -31,7 +31,8 @@ from tritonkit.loadtests.results import SCHEMA
 from tritonkit.slo import meets
 from tritonkit.tuner.knobs import Knobs, grid, powers_of_two
 from tritonkit.tuner.noise import clear, majority
-from tritonkit.tuner.offline import Objective, Search
+from tritonkit.tuner.objective import Objective
+from tritonkit.tuner.offline import Search
 from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.run import tune_offline
 from tritonkit.tuner.settings import TuneSettings

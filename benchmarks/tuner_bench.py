@@ -34,10 +34,12 @@ from tritonkit.loadtests.results import SCHEMA
 from tritonkit.server_traits import ServerTraits
 from tritonkit.spec import Spec
 from tritonkit.stats import relative_range
+from tritonkit.tuner.confirm import confirm
 from tritonkit.tuner.knobs import Knobs, from_spec, grid, powers_of_two
 from tritonkit.tuner.ladder import down_from, walk_up
 from tritonkit.tuner.lock import repository_lock
-from tritonkit.tuner.offline import Score, Search, confirm
+from tritonkit.tuner.objective import Score
+from tritonkit.tuner.offline import Search
 from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.run import max_batch_bound, objective_for
 from tritonkit.tuner.settings import TuneSettings

@@ -29,9 +29,11 @@ from tritonkit.stats import relative_range
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs, grid, powers_of_two
 from tritonkit.tuner.noise import Noise, clear, majority, wins
-from tritonkit.tuner.offline import Objective, Search, predict_p95
+from tritonkit.tuner.objective import Objective
+from tritonkit.tuner.offline import Search
 from tritonkit.tuner.online import Controller, Observation, OnlineSettings
 from tritonkit.tuner.pooled import pooled, pooled_verdict
+from tritonkit.tuner.predict import predict_p95
 from tritonkit.tuner.protect import Budget, protect
 from tritonkit.tuner.rules import RULES
 from tritonkit.tuner.screen import Halving, Seen
@@ -964,7 +966,7 @@ def test_the_judge_ladder_scores_each_entrant_where_it_stops_holding():
 
 
 def test_a_winner_that_batches_as_the_start_did_is_kept_not_a_change():
-    from tritonkit.tuner.offline import Score, Tuning
+    from tritonkit.tuner.objective import Score, Tuning
 
     start = Score(Knobs(16, 2000, 2), 500.0, 500.0, None)
     protected = Score(Knobs(16, 2000, 2, queue=QueuePolicy(max_queue_size=16)), 520.0, 520.0, None)

@@ -20,7 +20,7 @@ from tritonkit.loadtests.results import SCHEMA
 from tritonkit.plots import pyplot
 from tritonkit.spec import TUNED_FILE, Spec
 from tritonkit.tuner.knobs import Knobs
-from tritonkit.tuner.offline import Score, Tuning
+from tritonkit.tuner.objective import Score, Tuning
 from tritonkit.tuner.trials import Trial
 
 CSV_KEYS = ("n", "phase", "label", "rate", "requests", "ok_rps", "p50_ms", "p95_ms", "p99_ms", "error_ratio",

@@ -20,7 +20,8 @@ from tritonkit.tuner import outputs, remote
 from tritonkit.tuner.apply import LiveConfig
 from tritonkit.tuner.knobs import Knobs, from_spec
 from tritonkit.tuner.lock import repository_lock
-from tritonkit.tuner.offline import Objective, Search, Tuning
+from tritonkit.tuner.objective import Objective, Tuning
+from tritonkit.tuner.offline import Search
 from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.settings import TuneSettings, slo_for
 from tritonkit.tuner.trials import LocalServer, Trials, TrialWindow

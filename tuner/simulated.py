@@ -22,7 +22,7 @@ from tritonkit.slo import ERROR_BOUND, meets
 from tritonkit.spec import Batching, ModelSpec, QueuePolicy
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs, powers_of_two
-from tritonkit.tuner.offline import predict_p95
+from tritonkit.tuner.predict import predict_p95
 from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.trials import Trial
 

@@ -1,0 +1,181 @@
+"""The end of a search: the queue policy that protects the SLO, checked under overload, and the
+winner measured again, its runs pooled, with the start beside it (tuner/pooled.py), stepping its
+rate down until it holds (`ladder.down_from`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from tritonkit.server_traits import ServerTraits
+from tritonkit.slo import meets
+from tritonkit.tuner.costmodel import CostModel
+from tritonkit.tuner.knobs import Knobs
+from tritonkit.tuner.ladder import down_from
+from tritonkit.tuner.noise import majority
+from tritonkit.tuner.objective import Objective, Score, Tuning
+from tritonkit.tuner.pooled import pooled, pooled_verdict
+from tritonkit.tuner.protect import Budget, classes_for, measured_overhead_ms, overload_holds, protect, tightened
+from tritonkit.tuner.rules import RULES, Rules
+from tritonkit.tuner.trials import Trial, Trials
+
+
+class Search(Protocol):
+    """What the end of a search reads of it (tuner/offline.py)."""
+
+    t: Trials
+    obj: Objective
+    rules: Rules
+    traits: ServerTraits | None
+    log: Callable[[str], None]
+
+    @property
+    def final_left(self) -> int: ...  # trials left in the whole budget
+
+    @property
+    def reserved(self) -> int: ...  # trials the overload check leaves for the confirmation
+
+    def p95(self, t: Trial) -> float: ...  # the P95 a comparison uses (math.inf for a failed run)
+
+
+def protect_and_confirm(search: Search, tuning: Tuning, cm: CostModel) -> None:
+    """Add the queue policy that protects the SLO, check it under overload, then measure the
+    winner again; a rate that does not hold on the second run steps down until one does."""
+    best = tuning.best
+    k = best.knobs
+    if search.obj.rps:
+        rate, capacity = search.obj.rps, cm.capacity(k.items, k.instances)
+    else:
+        rate = capacity = best.rate or 0.0
+    candidates = [k]
+    if k.batching:  # a queue policy is part of dynamic batching: none without a batch axis
+        protected = _protected(search, tuning, k, cm, capacity)
+        if protected is not None:
+            candidates.insert(0, protected)
+        if tuning.policy_note:
+            search.log(f"   {tuning.policy_note}")
+    search.log(f"== confirm: three runs, pooled, must meet the SLO itself ({search.obj.slo_p95_ms:g} ms); "
+             "pass/fail below is each run's against the search's target")
+    # down the ladder as far as the trials left allow: a box that slowed after the search may
+    # hold only several rungs down, and trials kept for the end are worth spending on it
+    beside = None if tuning.kept else tuning.baseline.knobs
+    pairs: list[tuple[Trial, Trial]] = []
+    confirmed = confirm(search.t, candidates, rate, step_down=not search.obj.rps,
+                        limit=search.final_left, objective=search.obj, rules=search.rules, beside=beside, pairs=pairs)
+    tuning.beside_start = [(search.p95(w), search.p95(b)) for w, b in pairs]
+    if pairs:
+        search.log(f"  beside the start: P95 {pairs_text(tuning.beside_start)} ms "
+                 f"({'the winner' if tuning.beat_start else 'the start'} was faster in most)")
+    if confirmed is not None:
+        tuning.best, tuning.confirmed = confirmed, True
+    if beside is not None and not tuning.beat_start:
+        # the start held its own beside the winner: never write a config no better than it
+        tuning.differs_because = f"{best.knobs.label()} was no faster than the start beside it at the confirmation"
+        tuning.best, tuning.confirmed = tuning.baseline, False
+
+def lower_and_confirm(search: Search, tuning: Tuning) -> None:
+    """Nothing held within the search's budget: the trials kept for the overload check and the
+    confirmation go on stepping the spec's own config down from the lowest rate it was run at,
+    by the confirmation's rule, so that a slow minute early on still ends in a measured figure."""
+    k = tuning.baseline.knobs
+    rates = [t.rate for t in search.t.trials if t.label == k.label() and t.rate]
+    if not rates or search.final_left <= 0:
+        return
+    search.log(f"== nothing held the target within the search; the spec's own config from "
+             f"{min(rates) / search.rules.rate_step:.0f} req/s down, three pooled runs at the SLO itself")
+    confirmed = confirm(search.t, [k], min(rates) / search.rules.rate_step, step_down=True,
+                        limit=search.final_left, objective=search.obj, rules=search.rules)
+    if confirmed is not None:
+        tuning.best, tuning.confirmed = confirmed, True
+        tuning.policy_note = "no protective queue policy was derived: nothing held the target within the search"
+
+def _protected(search: Search, tuning: Tuning, k: Knobs, cm: CostModel, capacity: float) -> Knobs | None:
+    """The winner with a protective policy that held at every overload factor, or None (and why)."""
+    b = search.t.spec.model(search.t.model).batching
+    budget = Budget(search.obj.slo_p95_ms, cm.t_ms(k.items), measured_overhead_ms(search.t.trials))
+    candidate, why = protect(k, b, budget, capacity, search.traits, search.rules)
+    search.log(f"== queue policy for the winner: {why}")
+    if candidate is None:
+        tuning.policy_note = why
+        return None
+    for attempt in (candidate, tightened(candidate)):
+        if search.final_left < search.reserved:
+            break  # the confirmation's trials stay reserved
+        search.log(f"   overload check of {attempt.label()} at "
+                 f"{', '.join(f'{f:g}x' for f in search.rules.overload_factors)} {capacity:.0f} req/s")
+        held = True
+        for factor in search.rules.overload_factors:
+            check = search.t.run(attempt, search.t.open_load(factor * capacity), "overload", classes_for(b))
+            tuning.overload.append(check)
+            held = overload_holds(check, capacity, search.obj.slo_p95_ms, search.rules.overload_goodput)
+            if not held:
+                break
+        if held:
+            return attempt
+    if not tuning.overload:
+        tuning.policy_note = "no trial was left for the overload check; the winner is written without " \
+                             "a protective queue policy"
+        return None
+    o = tuning.overload[-1]
+    p95 = "-" if o.p95_ms is None else f"{o.p95_ms:.1f}"
+    tuning.policy_note = (f"the protective queue policy failed its overload check: at {o.rate:.0f} req/s "
+                          f"{o.ok_rps:.0f} req/s served at P95 {p95} ms, against "
+                          f"{search.rules.overload_goodput:.0%} of "
+                          f"{capacity:.0f} req/s within {search.obj.slo_p95_ms:g} ms; the winner is written "
+                          f"without it")
+    return None
+
+
+def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: bool, objective: Objective,
+            limit: int | None = None, rules: Rules = RULES, beside: Knobs | None = None,
+            pairs: list[tuple[Trial, Trial]] | None = None) -> Score | None:
+    """Measure again at `rate`: a candidate is confirmed where its runs, pooled, meet the SLO itself
+    (`held`; the search aimed at the SLO less the margin), and the first one confirmed wins (later
+    ones are fallbacks). A rate that does not hold steps down, `rules.max_steps_down` rates at most
+    (the tuner's and the bench grid's winners alike); a fixed target rate is the only rate tried.
+    At most `limit` trials. `beside`: the start, run after a candidate's first run at the claimed rate
+    and between its runs wherever its verdict is open (W S W S W), each pair appended to `pairs`:
+    whether the winner beat the start is decided in the same minutes, whatever rate it holds."""
+    end = len(trials.trials) + (limit if limit is not None else rules.max_steps_down * rules.runs * len(candidates))
+    found: list[Score] = []
+
+    def more() -> bool:
+        return len(trials.trials) < end
+
+    def holds(r: float) -> bool:
+        for k in candidates:
+            runs: list[Trial] = []
+            while True:
+                verdict = confirmation_verdict(runs, objective, rules)
+                if runs and beside is not None and pairs is not None and more() and (verdict is None or not pairs):
+                    # the start beside the run just made: while the verdict is open, and at the claim
+                    pairs.append((runs[-1], trials.run(beside, trials.open_load(r), "beside")))
+                if verdict is not None or not more():
+                    break
+                runs.append(trials.run(k, trials.open_load(r), "confirm"))
+            if verdict:
+                p = pooled(runs, passed=True)
+                found.append(Score(k, p.ok_rps if step_down else -p.p95_ms, r, p, runs))
+                return True
+            if verdict is None:
+                return False  # out of trials mid-verdict
+        return False
+
+    down_from(rate, holds, rules.rate_step, more, rules.max_steps_down if step_down else 1)
+    return found[0] if found else None
+
+
+def confirmation_verdict(runs: list[Trial], objective: Objective, rules: Rules = RULES) -> bool | None:
+    """A confirmation's verdict at one rate: the runs pooled against the SLO, and their errors
+    against `rules.error_margin` of the bound (refusals come in bursts, so three short runs within
+    the whole bound promise less than a long load test meets). Without pooling,
+    the majority of the runs, each against the SLO."""
+    max_errors = objective.max_error_ratio * rules.error_margin
+    if not rules.pooled:
+        return majority([meets(t.p95_ms, objective.slo_p95_ms, t.error_ratio, max_errors) for t in runs], rules) \
+            if runs else None
+    return pooled_verdict(runs, objective.slo_p95_ms, max_errors, rules)
+
+
+def pairs_text(pairs: list[tuple[float, float]]) -> str:
+    return ", ".join(f"{c:.1f} vs {i:.1f}" for c, i in pairs)

@@ -1,0 +1,94 @@
+"""What a tuning aims at and what it found: the objective, one candidate's score, and the outcome
+the report, trials.json and tuned.yaml are written from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tritonkit.slo import ERROR_BOUND
+from tritonkit.tuner.costmodel import CostModel
+from tritonkit.tuner.knobs import Knobs
+from tritonkit.tuner.trials import Trial
+
+
+@dataclass(frozen=True)
+class Objective:
+    slo_p95_ms: float
+    rps: float | None = None  # None: maximise the sustained rate
+    max_error_ratio: float = ERROR_BOUND
+    margin: float = 0.0  # share of the SLO held back: every trial must meet `target_p95_ms`
+
+    @property
+    def kind(self) -> str:
+        return "latency" if self.rps else "throughput"
+
+    @property
+    def target_p95_ms(self) -> float:
+        return self.slo_p95_ms * (1 - self.margin)
+
+    def describe(self) -> str:
+        target = f"{self.target_p95_ms:g} ms (SLO {self.slo_p95_ms:g} ms less a {self.margin:.0%} margin)" \
+            if self.margin else f"{self.slo_p95_ms:g} ms"
+        if self.rps:
+            return f"lowest P95 at {self.rps:g} req/s (P95 <= {target})"
+        return f"highest sustained req/s with P95 <= {target} and errors <= {100 * self.max_error_ratio:g}%"
+
+
+@dataclass
+class Score:
+    """What one candidate achieved: the value the objective compares, and the trial behind it."""
+
+    knobs: Knobs
+    value: float  # req/s (throughput) or -P95 ms (latency); -inf when it never passed
+    rate: float | None
+    trial: Trial | None  # the run behind the figure (the median passing one)
+    runs: list[Trial] = field(default_factory=list)  # every run at `rate` behind the verdict
+
+    @property
+    def passed(self) -> bool:
+        return self.trial is not None and self.trial.passed
+
+
+@dataclass
+class Tuning:
+    objective: Objective
+    baseline: Score
+    best: Score
+    cost_model: CostModel | None
+    bound: int
+    overload: list[Trial] = field(default_factory=list)  # the checks of the protective policy, in order
+    confirmed: bool = False
+    stopped_because: str = ""
+    policy_note: str = ""  # why the winner has no protective queue policy, when it has none
+    noise_log_sd: float | None = None  # run-to-run standard deviation of log P95 measured on this machine
+    noise_repeats: int = 0  # repeated runs behind it (0: the prior alone)
+    # the machine's own speed at the start and the end: {"batch", "start_ms", "end_ms", "change"}
+    speed: dict | None = None
+    # the best config any verdict measured (label, the highest rate it held): the written one,
+    # unless `differs_because` says why not
+    best_measured: tuple[str, float] | None = None
+    differs_because: str = ""
+    # the confirmation's runs of the winner and of the start beside it, at the same rates:
+    # (winner P95, start P95), math.inf for a run that failed outright
+    beside_start: list[tuple[float, float]] = field(default_factory=list)
+    predicts: bool = True  # the cost model could rank candidates (else the space was screened blind)
+
+    @property
+    def beat_start(self) -> bool:
+        """The winner was faster than the start in most runs beside it (none made: what the search found)."""
+        if not self.beside_start:
+            return not self.kept and self.best.passed
+        return 2 * sum(w < s for w, s in self.beside_start) > len(self.beside_start)
+
+    @property
+    def written(self) -> bool:
+        """A config is written: a confirmed one, or a winner that beat the start beside it though no
+        rate was confirmed within the trials left (the report says so)."""
+        return self.confirmed or (not self.kept and self.beat_start)
+
+    @property
+    def kept(self) -> bool:
+        """The winner batches as the start config did (max batch, delay, instances): the search moved
+        nothing, whatever queue policy it adds."""
+        a, b = self.baseline.knobs, self.best.knobs
+        return (a.max_batch, a.delay_us, a.instances) == (b.max_batch, b.delay_us, b.instances)
