@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tritonkit.benchmarks.cases import write_mix
-from tritonkit.benchmarks.judge import JUDGE_STEP, START_ABOVE
+from tritonkit.benchmarks.judge import JUDGE_STEP, START_ABOVE, Run, ladder
 from tritonkit.configs.loader import load_spec
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.load import Load
@@ -57,20 +57,14 @@ def run_mix_bench(out_dir: Path, *, engine: str = "perf_analyzer", max_trials: i
         search = MixSearch(box, entries, max_trials=10**6, margin=0.0, max_errors=ERROR_BOUND, load=load, log=log)
         top = max(joint.scale, joint.start_scale, 0.1) * START_ABOVE
         log(f"==== the judge: both sets from x{top:.2f} down in {JUDGE_STEP - 1:.0%} steps, {rounds} rounds")
-        judged: dict[str, list[float]] = {name: [] for name in sets}
-        for i in range(rounds):
-            pending = list(sets)[i % 2:] + list(sets)[:i % 2]
-            scale = dict.fromkeys(sets, top)
-            while pending:
-                for name in list(pending):
-                    if scale[name] < top / 8:
-                        judged[name].append(0.0)
-                        pending.remove(name)
-                        continue
-                    if search.measure(sets[name], scale[name], f"judge {name}").held:
-                        judged[name].append(round(scale[name], 3))
-                        pending.remove(name)
-                    scale[name] /= JUDGE_STEP
+        def measure(name: str, scale: float) -> Run:
+            """One run of the whole mix with one set at `scale`: its figure is the scale that held."""
+            run = search.measure(sets[name], scale, f"judge {name}")
+            return Run(name, scale, engine, 0, round(scale, 3), None, 0.0, run.held)
+
+        # the judge's own rounds (benchmarks/judge.py), down only: a scale is a rung of the mix
+        judged, _ = ladder(dict.fromkeys(sets, top), dict.fromkeys(sets, top / 8), rounds, measure, log,
+                           climb_limit=1.0)
         at = joint.scale
         log(f"==== {loads} load tests of {load_s:g} s of the whole mix at x{at:.2f}, each set in turn")
         long = Load(rate=1.0, duration_s=load_s, warmup_s=2.0, drain_s=2.0)
