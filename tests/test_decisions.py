@@ -41,6 +41,7 @@ from tritonkit.tuner.settings import TuneSettings
 from tritonkit.tuner.simulated import (
     MODEL_SPEC,
     SLO_MS,
+    TRUE_WORLD,
     WORLD,
     WORLDS,
     SimulatedTrials,
@@ -88,9 +89,10 @@ def test_offline_search_never_exceeds_the_trial_budget(budget):
     assert len(sim.trials) <= budget
 
 
-def test_a_model_without_a_batch_axis_is_tuned_by_its_instances_alone():
-    sim = SimulatedTrials()
-    tuning = Search(sim, Objective(SLO_MS), bound=0, max_trials=20, log=lambda s: None).run(Knobs(0, 0, 1))
+@pytest.mark.parametrize("seed", [None, 3])
+def test_a_model_without_a_batch_axis_is_tuned_by_its_instances_alone(seed):
+    sim = TrueWorldTrials(seed)
+    tuning = Search(sim, Objective(SLO_MS), bound=0, max_trials=TRIALS, log=lambda s: None).run(Knobs(0, 0, 1))
     assert tuning.confirmed and tuning.best.knobs.max_batch == 0 and tuning.best.knobs.queue is None
     assert all(t.knobs["max_batch_size"] == 0 and t.knobs["max_queue_delay_us"] == 0 for t in sim.trials)
     assert tuning.best.knobs.instances == 2  # two instances serve more than one on two cores
@@ -160,13 +162,16 @@ def test_the_search_never_proposes_a_config_the_probe_found_stalling(monkeypatch
     assert k is None and "every instance count the probe tried" in why
 
 
-def test_latency_objective_lowers_p95_at_the_target_rate():
-    sim = SimulatedTrials()
-    tuning = Search(sim, Objective(SLO_MS, rps=600), bound=16, max_trials=20, log=lambda s: None).run(
+@pytest.mark.parametrize("seed", [None, 1, 2])
+def test_latency_objective_lowers_p95_at_the_target_rate(seed):
+    """The lowest P95 at 600 req/s on TRUE_WORLD, quiet and noisy (slow spells included): the
+    spec's 8 ms wait is most of its P95 there, and the tuned config's is under half of it."""
+    sim = TrueWorldTrials(seed)
+    tuning = Search(sim, Objective(SLO_MS, rps=600), bound=16, max_trials=TRIALS, log=lambda s: None).run(
         Knobs(16, 8000, 1))
-    base, best = tuning.baseline.trial, tuning.best.trial
-    assert best.passed and best.rate == 600
-    assert best.p95_ms < base.p95_ms / 2  # the spec's 8 ms wait is most of its P95 at this rate
+    best = _batching(tuning.best.knobs)
+    assert tuning.written and tuning.best.rate == 600
+    assert TRUE_WORLD.p95_ms(best, 600) < TRUE_WORLD.p95_ms(Knobs(16, 8000, 1), 600) / 2
 
 
 # -- the offline search on a noisy machine --------------------------------------------------------
@@ -575,8 +580,8 @@ def test_the_confirmation_steps_down_while_its_trials_last():
     assert len(sim.trials) <= TRIALS
 
 
-class LuckyOnce(SimulatedTrials):
-    """WORLD, except that `k` runs at `factor` times the P95 that `like` has in WORLD, and its first
+class LuckyOnce(TrueWorldTrials):
+    """TRUE_WORLD, except that `k` runs at `factor` times the P95 that `like` has there, and its first
     run is lucky: half of that (what one short run on a noisy box can show)."""
 
     def __init__(self, k: Knobs, like: Knobs, factor: float):
@@ -1006,10 +1011,10 @@ def test_for_throughput_a_neighbour_wins_by_holding_the_rung_the_incumbent_misse
     one that sustains more holds there and wins (then climbs), one that sustains less misses and
     costs one run."""
     objective = Objective(SLO_MS)
-    sim = SimulatedTrials()
+    sim = TrueWorldTrials()
     search = Search(sim, objective, bound=16, max_trials=60, log=lambda s: None)
     weak, strong = Knobs(16, 2000, 1), Knobs(16, 2000, 2)
-    assert best_sustained(strong) > best_sustained(weak) * RULES.rate_step
+    assert true_edge(strong) > true_edge(weak) * RULES.rate_step ** 2
     incumbent = search.evaluate(weak, "start", start_rate=100.0)
     before = len(sim.trials)
     won = search.challenge(incumbent, strong)
