@@ -138,11 +138,12 @@ class Rates:
         Against an incumbent that misses the target, a candidate that holds it wins outright. For
         the most throughput, a candidate wins when it holds the rung above the incumbent's sustained
         rate, where the incumbent stopped holding (by the verdict's noise rule: one clear run, else
-        the majority of three), and then climbs to its own sustained rate. For the lowest P95 at a
-        rate: one screening run there; a candidate not faster than the incumbent typically is costs
-        that run only. Otherwise the incumbent twice and the candidate again (C I I C): a drift of
-        the machine over the four runs hits both sides alike, and the candidate must win both pairs
-        by more than the noise (noise.wins) and hold the target in both of its runs."""
+        the majority of three), then beats the incumbent run there again beside it (I C), and
+        climbs to its own sustained rate. For the lowest P95 at a rate: one screening run there; a
+        candidate not faster than the incumbent typically is costs that run only. Otherwise the
+        incumbent twice and the candidate again (C I I C): a drift of the machine over the four
+        runs hits both sides alike, and the candidate must win both pairs by more than the noise
+        (noise.wins) and hold the target in both of its runs."""
         c0 = None
         if not inc.passed:  # the incumbent misses the target: a candidate that holds is better outright
             s = self.evaluate(k, phase, self.start_rate(k))
@@ -154,9 +155,17 @@ class Rates:
                 return None
             above = inc.rate * self.rules.rate_step
             ok, runs = self.verdict_at(k, above, phase)
+            if ok and self.budget_left >= 2:
+                # held where the incumbent stopped, minutes later: the incumbent there again, beside
+                # it (I C), decides whether it is faster or the machine was
+                i, c = self.measure(inc.knobs, above, "incumbent"), self.measure(k, above, phase)
+                runs.append(c)
+                ok = c.passed and self.p95(c) < self.p95(i)
+                pair = pairs_text([(self.p95(c), self.p95(i))])
+                self.log(f"    beside the incumbent at {above:.0f} req/s: P95 {pair} ms")
             self.log(f"    {'won' if ok else 'lost'}: {'holds' if ok else 'misses'} {above:.0f} req/s, the rung "
                      f"above the incumbent's {inc.rate:.0f}")
-            return self.sustained(k, above, phase, given=runs) if ok else None
+            return self.sustained(k, above, phase, given=[r for r in runs if r.passed]) if ok else None
         rate = self.obj.rps
         if c0 is None:
             if self.budget_left < 1 + self.rules.paired:  # a screening run that could not be followed up is wasted
