@@ -75,7 +75,7 @@ class Search(Rates):
         self.calibration = c = calibrate(
             lambda k, clients: self.t.run(k, self.t.closed_load(clients, seconds=1.0), "calibrate"),
             self.bound, self.obj.slo_p95_ms, self.rules, self.log)
-        self.ceiling, self.reference = c.ceiling, c.reference
+        self.ceiling, self.reference, self.predicts = c.ceiling, c.reference, c.predicts
         return c.model
 
     # -- the whole search ------------------------------------------------------------------------
@@ -92,6 +92,7 @@ class Search(Rates):
         if not blind and not self.obj.rps and not any(v > 0 for v, _ in space):
             blind = "it predicts no rate within the SLO for any config"
             log(f"  the cost model cannot predict: {blind}")
+        self.predicts = not blind
         # a screen needs a round's trials and a verdict after it; short of them, a fit that can
         # rank still gives a start worth climbing from
         if blind or (len(space) <= self.rules.screen_space and self.budget_left >= len(space) + self.rules.runs):
@@ -123,7 +124,7 @@ class Search(Rates):
         incumbent = climb.result
         stopped = "no neighbour beat the incumbent by more than the noise" if exhausted else \
             f"trial budget ({self.max_trials}) used"
-        tuning = Tuning(self.obj, baseline, incumbent, cm, self.bound, stopped_because=stopped, predicts=not blind)
+        tuning = Tuning(self.obj, baseline, incumbent, cm, self.bound, stopped_because=stopped, predicts=self.predicts)
         if incumbent.passed:
             protect_and_confirm(self, tuning, cm)
         elif not self.obj.rps:

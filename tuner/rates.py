@@ -40,6 +40,7 @@ class Rates:
         # first, as the client and the server share the machine (`Rules.ceiling`)
         self.ceiling = 0.0  # 0: not calibrated
         self.held: dict[Knobs, float] = {}  # the highest rate each config held by a verdict
+        self.predicts = True  # False: the calibration's fit cannot rank, so no walk starts from it
 
     @property
     def budget_left(self) -> int:
@@ -126,7 +127,7 @@ class Rates:
             return self.budget_left > 0
 
         if ok:
-            predicted = self.start_rate(k) if self.cm else None
+            predicted = self.start_rate(k) if self.cm and self.predicts else None
             top, _ = walk_up(rate, holds, self.rules.rate_step, more, predicted)
         else:
             top = walk_down(rate, holds_below, self.rules.rate_step, more, self.rules.max_steps_down)
