@@ -65,13 +65,15 @@ def protect_and_confirm(search: Search, tuning: Tuning, cm: CostModel) -> None:
     tuning.beside_start = [(search.p95(w), search.p95(b)) for w, b in pairs]
     if pairs:
         search.log(f"  beside the start: P95 {pairs_text(tuning.beside_start)} ms "
-                 f"({'the winner' if tuning.beat_start else 'the start'} was faster in most)")
+                   f"({'the winner stands' if tuning.beat_start else 'the start was faster in most'})")
     if confirmed is not None:
         tuning.best, tuning.confirmed = confirmed, True
     if beside is not None and not tuning.beat_start:
-        # the start held its own beside the winner: never write a config no better than it
-        tuning.differs_because = f"{best.knobs.label()} was no faster than the start beside it at the confirmation"
+        # the start was faster beside the winner: never write a config slower than it
+        tuning.differs_because = f"{best.knobs.label()} was slower than the start in most runs beside it at the " \
+                                 "confirmation"
         tuning.best, tuning.confirmed = tuning.baseline, False
+
 
 def lower_and_confirm(search: Search, tuning: Tuning) -> None:
     """Nothing held within the search's budget: the trials kept for the overload check and the
@@ -88,6 +90,7 @@ def lower_and_confirm(search: Search, tuning: Tuning) -> None:
     if confirmed is not None:
         tuning.best, tuning.confirmed = confirmed, True
         tuning.policy_note = "no protective queue policy was derived: nothing held the target within the search"
+
 
 def _protected(search: Search, tuning: Tuning, k: Knobs, cm: CostModel, capacity: float) -> Knobs | None:
     """The winner with a protective policy that held at every overload factor, or None (and why)."""

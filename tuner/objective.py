@@ -75,10 +75,12 @@ class Tuning:
 
     @property
     def beat_start(self) -> bool:
-        """The winner was faster than the start in most runs beside it (none made: what the search found)."""
+        """The winner stands unless the start was faster in most of the runs beside it: the screen
+        already compared them side by side, so a split of the pairs leaves the search's verdict
+        (none made: what the search found)."""
         if not self.beside_start:
             return not self.kept and self.best.passed
-        return 2 * sum(w < s for w, s in self.beside_start) > len(self.beside_start)
+        return 2 * sum(s < w for w, s in self.beside_start) <= len(self.beside_start)
 
     @property
     def written(self) -> bool:
