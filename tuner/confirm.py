@@ -55,7 +55,7 @@ def protect_and_confirm(search: Search, tuning: Tuning, cm: CostModel) -> None:
         if tuning.policy_note:
             search.log(f"   {tuning.policy_note}")
     search.log(f"== confirm: three runs, pooled, must meet the SLO itself ({search.obj.slo_p95_ms:g} ms); "
-             "pass/fail below is each run's against the search's target")
+               "pass/fail below is each run's against the search's target")
     # down the ladder as far as the trials left allow: a box that slowed after the search may
     # hold only several rungs down, and trials kept for the end are worth spending on it
     beside = None if tuning.kept else tuning.baseline.knobs
@@ -84,7 +84,7 @@ def lower_and_confirm(search: Search, tuning: Tuning) -> None:
     if not rates or search.final_left <= 0:
         return
     search.log(f"== nothing held the target within the search; the spec's own config from "
-             f"{min(rates) / search.rules.rate_step:.0f} req/s down, three pooled runs at the SLO itself")
+               f"{min(rates) / search.rules.rate_step:.0f} req/s down, three pooled runs at the SLO itself")
     confirmed = confirm(search.t, [k], min(rates) / search.rules.rate_step, step_down=True,
                         limit=search.final_left, objective=search.obj, rules=search.rules)
     if confirmed is not None:
@@ -105,7 +105,7 @@ def _protected(search: Search, tuning: Tuning, k: Knobs, cm: CostModel, capacity
         if search.final_left < search.reserved:
             break  # the confirmation's trials stay reserved
         search.log(f"   overload check of {attempt.label()} at "
-                 f"{', '.join(f'{f:g}x' for f in search.rules.overload_factors)} {capacity:.0f} req/s")
+                   f"{', '.join(f'{f:g}x' for f in search.rules.overload_factors)} {capacity:.0f} req/s")
         held = True
         for factor in search.rules.overload_factors:
             check = search.t.run(attempt, search.t.open_load(factor * capacity), "overload", classes_for(b))
