@@ -185,6 +185,10 @@ class Search(Rates):
 
         drive(h, measure, lambda: self.budget_left > self.rules.runs)
         h.stop()
+        # A finalist ranked above the start beat it side by side, in the same minutes: it is the
+        # incumbent wherever it turns out to hold (its own walk, down from a slower minute if need
+        # be), and the confirmation runs the start beside it again. Only a finalist that holds
+        # nothing leaves the place to the next.
         best = baseline
         for f in h.finalists:
             if f.knobs == start:
@@ -193,15 +197,11 @@ class Search(Rates):
                 continue
             if self.obj.rps:
                 found = self._score(f.knobs, f.rate, runs[(f.knobs, f.rate)], True)
-                better = best is baseline and (not baseline.passed or found.value > baseline.value)
             else:
-                ok, held = self.verdict_at(f.knobs, f.rate, "finalist", runs[(f.knobs, f.rate)][-1:])
-                if not ok:
-                    continue
-                found = self.sustained(f.knobs, f.rate, "finalist", given=held)
-                better = found.value > best.value * (self.rules.rate_step if best is not baseline else 1.0)
-            if better:
+                found = self.sustained(f.knobs, f.rate, "finalist", prior=runs[(f.knobs, f.rate)][-1:])
+            if found.passed:
                 best = found
+                break
         names = ", ".join(f"{f.knobs.label()} (held {'-' if f.rate is None else f'{f.rate:.0f}'})"
                           for f in h.finalists)
         self.log(f"  finalists: {names}; incumbent {best.knobs.label()}")

@@ -103,14 +103,15 @@ class Rates:
             return self._score(k, self.obj.rps, runs, ok)
         return self.sustained(k, start_rate or 100.0, phase)
 
-    def sustained(self, k: Knobs, rate: float, phase: str, given: list[Trial] | None = None) -> Score:
+    def sustained(self, k: Knobs, rate: float, phase: str, given: list[Trial] | None = None,
+                  prior: list[Trial] | None = None) -> Score:
         """The highest rate that holds in most runs, to within one rung (`Rules.rate_step`), along
         the one ladder walk (`tuner/ladder.py`). From a `rate` that holds, the edge is bracketed
         (first at the rate the cost model predicts `k` sustains, `start_rate`) and bisected. From a
         `rate` that misses, it steps down a rung at a time; one failed run per rung is enough there
         (a rung too low costs the figure one rung), and the first pass must hold in most runs.
-        `given`: runs at `rate` that already held there."""
-        ok, runs = (True, given) if given else self.verdict_at(k, rate, phase)
+        `given`: runs at `rate` that already held there; `prior`: runs there the verdict counts in."""
+        ok, runs = (True, given) if given else self.verdict_at(k, rate, phase, prior)
         scores = {rate: self._score(k, rate, runs, ok)}
 
         def holds(x: float, first: Trial | None = None) -> bool:
