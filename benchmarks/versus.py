@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from tritonkit.benchmarks.cases import CASES, write_case
@@ -79,6 +80,7 @@ def _versus(case: str, folder: Path, *, ma_wall_s: float, rounds: int, seconds: 
     log(format_model_analyzer(ma))
     sides: dict[str, dict] = {}
     entrants = []
+    claims: dict[str, float | None] = {}  # each confirmed kit winner's claim: what a hold load tests
     for i in range(1, kit_runs + 1):
         name = "kit" if kit_runs == 1 else f"kit{i}"
         log(f"==== case {case}: tritonkit tune, run {i} of {kit_runs} (trials measured by {engine})")
@@ -88,7 +90,12 @@ def _versus(case: str, folder: Path, *, ma_wall_s: float, rounds: int, seconds: 
         t = tuned.tuning
         # the config the tuning writes: the start where it wrote none
         written = t.best.knobs if t.written else from_spec(start)
-        entrants.append(Entrant(name, written.model(start), claim_rps=None if rps or not t.confirmed else t.best.rate))
+        # no claim for the judge: it brackets every entrant from its own capacity, the kit's as Model
+        # Analyzer's, so that no side starts below its edge and climbs (a walk up stops at its first
+        # miss, a walk down at its first hold: the same config judged from a claim below its edge and
+        # from above it differed by up to 28%)
+        entrants.append(Entrant(name, written.model(start)))
+        claims[name] = None if rps or not t.confirmed else t.best.rate
         sides[name] = {"search_s": round(tuned.seconds, 1), "measurements": len(tuned.trials.trials),
                        "configs": len({x.label for x in tuned.trials.trials}), "winner": t.best.knobs.label(),
                        "confirmed": t.confirmed, "kept": t.kept, "written": t.written,
@@ -112,7 +119,7 @@ def _versus(case: str, folder: Path, *, ma_wall_s: float, rounds: int, seconds: 
     log(format_judged(judged))
     for name, side in sides.items():
         side["judged"] = judged["entrants"].get(name)
-    promised = [e for e in entrants if e.claim_rps and sides.get(e.name, {}).get("confirmed")]
+    promised = [replace(e, claim_rps=claims[e.name]) for e in entrants if claims.get(e.name)]
     if hold_loads and promised:
         held = hold(spec, model, promised, folder / "hold", loads=hold_loads, seconds=hold_s, p95_ms=slo, log=log)
         for name, runs in held.items():
