@@ -68,6 +68,10 @@ def protect_and_confirm(search: Search, tuning: Tuning, cm: CostModel) -> None:
                    f"({'the winner stands' if tuning.beat_start else 'the start was faster in most'})")
     if confirmed is not None:
         tuning.best, tuning.confirmed = confirmed, True
+        if confirmed.knobs.instances != best.knobs.instances:
+            tuning.differs_because = (f"{best.knobs.label()} won the search; its protective queue policy runs "
+                                      f"{confirmed.knobs.instances} instances, as the probe found a bounded queue "
+                                      "stalls the batcher on fewer")
     if beside is not None and not tuning.beat_start:
         # the start was faster beside the winner: never write a config slower than it
         tuning.differs_because = f"{best.knobs.label()} was slower than the start in most runs beside it at the " \

@@ -230,12 +230,16 @@ class Search(Rates):
         the noise, a start that held its own beside the winner)."""
         if self.obj.rps or not self.held:
             return
+        def batching(x: Knobs) -> tuple[int, int, int]:
+            return x.max_batch, x.delay_us, x.instances
+
         k, rate = max(self.held.items(), key=lambda x: x[1])
         tuning.best_measured = (k.label(), round(rate, 1))
         written = tuning.best.knobs
-        same = (k.max_batch, k.delay_us, k.instances) == (written.max_batch, written.delay_us, written.instances)
-        if not same and not tuning.differs_because:
-            mine = self.held.get(replace(written, queue=None, level_queues=()), self.held.get(written, 0.0))
+        if batching(k) != batching(written) and not tuning.differs_because:
+            # the written config's own best verdict, whatever queue policy it carries now
+            mine = max((r for x, r in self.held.items() if batching(x) == batching(written)),
+                       default=tuning.best.rate or 0.0)
             tuning.differs_because = (
                 f"{k.label()} held {rate:.0f} req/s once, {written.label()} {mine:.0f}: "
                 + ("within one rung, the search's resolution" if rate <= mine * self.rules.rate_step * 1.001 else
