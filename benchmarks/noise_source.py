@@ -67,7 +67,14 @@ def summary(log_path: Path, seconds: float) -> dict:
             "busy_share": round(busy / seconds, 3) if seconds > 0 else 0.0}
 
 
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str]) -> int:
+    """SECONDS [LOG]: burn for that long, or until SIGINT or SIGTERM; print what it took."""
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a background job ignores SIGINT: stop on either
+        signal.signal(sig, _interrupted)
     seconds = float(argv[0]) if argv else 3600.0
     log = Path(argv[1]) if len(argv) > 1 else Path("out/noise_source.log")
     with noise_source(log) as took, contextlib.suppress(KeyboardInterrupt):
