@@ -40,7 +40,7 @@ def _tune(workdir, *args: str, timeout: float = 400):
 
 @pytest.mark.measures
 def test_offline_meets_the_slo_that_the_spec_misses(workdir, probed):
-    spec, done = _tune(workdir, "--rps", "300", "--max-trials", "14")
+    spec, done = _tune(workdir, "--rps", "300", "--max-trials", "20")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     log = json.loads((workdir / "out" / "trials.json").read_text())
     base, best = log["trials"][log["baseline"]["trial"] - 1], log["best"]  # best: its confirmation runs pooled
@@ -52,7 +52,7 @@ def test_offline_meets_the_slo_that_the_spec_misses(workdir, probed):
     confirm = [t for t in log["trials"] if t["phase"] == "confirm" and t["label"] == log["best"]["label"]]
     assert confirm and sorted(t["p95_ms"] for t in confirm[-3:])[len(confirm[-3:]) // 2] < base["p95_ms"] / 2
     assert best["rate"] == 300
-    assert log["trial_count"] <= 14
+    assert log["trial_count"] <= 20
     assert log["cost_model"]["c_per_ms"] > 0
     # the decision is recorded: tuned.yaml beside the spec, and `configs` regenerates it
     tuned = yaml.safe_load((workdir / "tuned.yaml").read_text())["models"]["tunable"]
