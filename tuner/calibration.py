@@ -33,7 +33,6 @@ class Calibration:
     # the last unsaturated run, to measure the machine's speed again at the end: (knobs, clients,
     # its most executed batch size, that size's mean compute ms)
     reference: tuple[Knobs, int, int, float] | None
-    saturated: tuple[int, ...] = ()  # clients of the runs left out of the fit
 
     @property
     def predicts(self) -> bool:
@@ -81,7 +80,7 @@ def calibrate(run: Callable[[Knobs, int], Trial], bound: int, slo_p95_ms: float,
             f"(saturated: P95 over {rules.saturated_slos:g}x the SLO)")
     log(f"  cost model: T(B) = {model.c_fixed_ms:.3f} ms + B x {model.c_per_ms:.3f} ms "
         f"(from {len(model.points)} batch sizes)" + (f"; it cannot predict: {blind}" if blind else ""))
-    return Calibration(model, blind, ceiling, reference, tuple(dropped))
+    return Calibration(model, blind, ceiling, reference)
 
 
 def _merged(points: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:

@@ -39,7 +39,6 @@ class Seen:
 class Finalist:
     knobs: Knobs
     rate: float | None  # the highest rate it held in the screen (None: it held none)
-    score: float  # what ranked it last: log P95 (lower is better)
 
 
 @dataclass
@@ -117,8 +116,7 @@ class Halving:
         """The finalists: those that held the last round, best first, then the best of the rest
         (then any the budget left unmeasured in it)."""
         ranked = sorted(ranked, key=lambda k: (not self._held(k), self._score(k)))
-        self.finalists = [Finalist(k, self.held_rate(k), self._score(k) if k in ranked else math.inf)
-                          for k in [*ranked, *unmeasured][:self.rules.screen_finalists]]
+        self.finalists = [Finalist(k, self.held_rate(k)) for k in [*ranked, *unmeasured][:self.rules.screen_finalists]]
         self.done = True
 
     def held_rate(self, k: Knobs) -> float | None:
@@ -126,7 +124,3 @@ class Halving:
         rates = [r for r, runs in self.seen.get(k, {}).items()
                  if (2 * sum(x.held for x in runs) > len(runs) if self.fixed_rate else runs[-1].held)]
         return max(rates) if rates else None
-
-    @property
-    def measured(self) -> int:
-        return sum(len(runs) for rates in self.seen.values() for runs in rates.values())

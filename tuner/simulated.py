@@ -174,7 +174,6 @@ class Episodes:
     high: float = 2.5
 
 
-NO_EPISODES = Episodes(start=0.0)
 EPISODES = Episodes()
 
 
