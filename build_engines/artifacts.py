@@ -122,11 +122,16 @@ def engine_mismatch(engine: dict, target: Target) -> str | None:
     return None
 
 
-def serving_batch(spec: Spec, m: ModelSpec, out: Path | None, runtime: str) -> tuple[int, tuple[int, ...]]:
+def serving_batch(spec: Spec, m: ModelSpec, out: Path | None, runtime: str,
+                  planned: bool = False) -> tuple[int, tuple[int, ...]]:
     """max_batch_size and the instance-group profile list for `configs`: the plan's max batch,
-    or, for a TensorRT model whose engine was built for this spec, the engine's profile max."""
+    or, for a TensorRT model whose engine was built for this spec, the engine's profile max. With
+    `planned` the engine is built on the node from the plan: the plan's profiles."""
     max_batch = serving_max_batch(spec, m)
     record = read_record(out, m.name) if out is not None and runtime == "tensorrt" else None
+    if record and planned:
+        n = len(record["plan"]["profiles"])
+        return max_batch, tuple(range(n)) if n > 1 else ()
     if not record or not record.get("engine"):
         return max_batch, ()
     n = len(record["plan"]["profiles"])

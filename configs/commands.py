@@ -10,6 +10,7 @@ from tritonkit.configs.generate import generate
 from tritonkit.configs.loader import load_spec
 from tritonkit.configs.server_fit import server_warnings
 from tritonkit.spec import Spec
+from tritonkit.support import spec_target
 
 
 def warn(spec: Spec, target: str = "local") -> None:
@@ -27,6 +28,8 @@ def cmd_validate(a: argparse.Namespace) -> int:
 
 def cmd_configs(a: argparse.Namespace) -> int:
     spec = load_spec(a.spec, a.out)
+    if a.target == "ngc":
+        say(f"target: {spec_target(spec).describe()} (deploy.yaml's deploy block; this machine does not decide)")
     for r in generate(spec, a.out, a.target, a.model or None):
         state = "updated" if r.changed else "unchanged"
         say(f"{r.config_path}: {state} (runtime {r.runtime})")
@@ -45,6 +48,8 @@ def register(sub) -> None:
     spec_arg(sp)
     sp.add_argument("--out", type=Path, default=DEFAULT_REPO)
     sp.add_argument("--target", choices=["local", "ngc"], default="local",
-                    help="server the repository is for: the bundled local server or an NGC image")
+                    help="server the repository is for: local (the tritonserver here, with the backends it has) or "
+                         "ngc (the node the spec's deploy block names: its release, platform and GPU decide each "
+                         "`runtime: auto` and instance kind; docs/support.md)")
     sp.add_argument("--model", action="append", help="only this model (repeatable)")
     sp.set_defaults(func=cmd_configs)

@@ -27,6 +27,7 @@ from tritonkit.input_rules import PARAMETER, InputRule, rules_parameter
 from tritonkit.inputs import Sampler
 from tritonkit.server import find_install
 from tritonkit.spec import ModelSpec, PipelineSpec, Spec, TensorSpec
+from tritonkit.support import Target, spec_target
 
 VERSION = "1"  # one served version per model; the repository is regenerated, not versioned by hand
 RUNNER_FILE = "runner_model.py"
@@ -42,6 +43,8 @@ class ResolvedModel:
     spec: ModelSpec
     onnx_path: Path
     runtime: str  # tensorrt | onnxruntime | python-onnxruntime
+    kind: str  # the instance kind `instances.kind: auto` means here: gpu | cpu
+    on_node: bool  # a TensorRT engine the node builds: the version folder carries the ONNX it builds from
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     # From build_engines.plan (the one max-batch rule); None = the spec's value.
@@ -63,24 +66,31 @@ def local_onnx_runtime() -> str:
     return "onnxruntime" if find_install().has_backend("onnxruntime") else "python-onnxruntime"
 
 
-def resolve_runtime(m: ModelSpec, target: str) -> str:
-    """`auto`: TensorRT where a GPU and TensorRT are present; otherwise the ONNX path that the
-    target server has: on the local server what its install offers (`local_onnx_runtime`),
-    onnxruntime in NGC images."""
+def resolve_runtime(m: ModelSpec, target: str | Target) -> str:
+    """`auto` on a deploy target: what the node's image and GPU serve (`support.Target.runtime`); on
+    the local server: TensorRT only where a GPU, TensorRT and the server's tensorrt backend all are,
+    else the ONNX path that server has (`local_onnx_runtime`). Never a backend the server lacks."""
+    if isinstance(target, Target):
+        return target.runtime(m.runtime)
     if m.runtime != "auto":
         return m.runtime
-    if gpu_present():
+    if gpu_present() and find_install().has_backend("tensorrt"):
         return "tensorrt"
-    return local_onnx_runtime() if target == "local" else "onnxruntime"
+    return local_onnx_runtime()
 
 
-def resolve(spec: Spec, m: ModelSpec, target: str = "local", out: Path | None = None) -> ResolvedModel:
+def resolve(spec: Spec, m: ModelSpec, target: str | Target = "local", out: Path | None = None) -> ResolvedModel:
+    """`target`: "local", or a deploy target (a `support.Target`; "ngc" is the spec's own deploy block)."""
+    if target == "ngc":
+        target = spec_target(spec)
     path = spec.onnx_path(m)
     io = onnx_io.read_io(path)
     batched = m.max_batch_size > 0
     runtime = resolve_runtime(m, target)
-    max_batch, profiles = serving_batch(spec, m, out, runtime)
-    return ResolvedModel(m, path, runtime, onnx_io.merged(m.inputs, io.inputs, batched),
+    on_node = isinstance(target, Target) and runtime == "tensorrt"
+    kind = target.instance_kind(runtime) if isinstance(target, Target) else ("gpu" if runtime == "tensorrt" else "cpu")
+    max_batch, profiles = serving_batch(spec, m, out, runtime, planned=on_node)
+    return ResolvedModel(m, path, runtime, kind, on_node, onnx_io.merged(m.inputs, io.inputs, batched),
                          onnx_io.merged(m.outputs, io.outputs, batched), max_batch, profiles)
 
 
@@ -141,9 +151,7 @@ def build_config(r: ResolvedModel) -> mc.ModelConfig:
 
     set_batching(cfg, m)
 
-    kind = m.instances.kind
-    if kind == "auto":
-        kind = "gpu" if r.runtime == "tensorrt" else "cpu"
+    kind = r.kind if m.instances.kind == "auto" else m.instances.kind
     group = cfg.instance_group.add(count=m.instances.count,
                                    kind=mc.ModelInstanceGroup.Kind.Value(f"KIND_{kind.upper()}"))
     group.gpus.extend(m.instances.gpus)
@@ -224,7 +232,8 @@ def write_model(r: ResolvedModel, cfg: mc.ModelConfig, out: Path) -> WriteReport
     folder = out / r.spec.name
     version = folder / VERSION
     changed: list[Path] = []
-    if r.runtime in ("python-onnxruntime", "onnxruntime") and copy_file_atomic(r.onnx_path, version / "model.onnx"):
+    if (r.runtime in ("python-onnxruntime", "onnxruntime") or r.on_node) and \
+            copy_file_atomic(r.onnx_path, version / "model.onnx"):
         changed.append(version / "model.onnx")
     runner = {"model.py": runner_source(), **runner_helpers()}
     for name, source in runner.items():
@@ -252,12 +261,15 @@ def _engine_problems(spec: Spec, resolved: list[ResolvedModel], out: Path) -> li
                        f"tensorrt needs the engine {out / r.spec.name / VERSION / 'model.plan'}, which does not exist",
                        "build it first (`tritonkit build`) or set runtime: onnxruntime")
                for r in resolved
-               if r.runtime == "tensorrt" and not (out / r.spec.name / VERSION / "model.plan").exists()]
-    # The planned max batch must admit the preferred sizes; an engine must fit the spec and this machine.
-    return missing + [p for r in resolved for p in serving_problems(spec, r.spec, out, r.runtime, r.max_batch_size)]
+               if r.runtime == "tensorrt" and not r.on_node and not (out / r.spec.name / VERSION / "model.plan").exists()]
+    # The planned max batch must admit the preferred sizes; an engine must fit the spec and this machine
+    # (an engine the node builds is checked by the node's build).
+    return missing + [p for r in resolved
+                      for p in serving_problems(spec, r.spec, out, "onnxruntime" if r.on_node else r.runtime,
+                                                r.max_batch_size)]
 
 
-def generate(spec: Spec, out: Path, target: str = "local", models: list[str] | None = None) -> list[WriteReport]:
+def generate(spec: Spec, out: Path, target: str | Target = "local", models: list[str] | None = None) -> list[WriteReport]:
     """Write the repository folders of a resolved spec (configs.loader; a variant of one is checked
     here first): its models, and its pipelines where every model is written (`models` None).
     Every config is built in memory before the disk is touched."""

@@ -16,9 +16,10 @@ from tritonkit.configs.loader import resolve
 from tritonkit.errors import InputError, Problem
 from tritonkit.serving import Running, running
 from tritonkit.spec import Spec
+from tritonkit.support import Target, spec_target
 
 
-def build_then_configs(spec: Spec, out: Path, models: list[str] | None = None, target: str = "local",
+def build_then_configs(spec: Spec, out: Path, models: list[str] | None = None, target: str | Target = "local",
                        cache_dir: Path = DEFAULT_CACHE, force: bool = False,
                        log: Callable[[str], None] = print,
                        partial: bool = True) -> tuple[list[ModelResult], list[WriteReport]]:
@@ -26,7 +27,10 @@ def build_then_configs(spec: Spec, out: Path, models: list[str] | None = None, t
     batch-1 export is fine until `build` made it dynamic; the graphs are checked after the build.
     Configs are written for the models that built (none at all if one failed and not `partial`);
     the failed ones are in the results, for the caller to report (`build_engines.build.raise_failures`)."""
-    results = build(spec, out, models, cache_dir, force=force, log=log)
+    if target == "ngc":
+        target = spec_target(spec)  # the node the deploy block names
+    # A deploy target's engines are built on its node: here the models are prepared and planned only.
+    results = build(spec, out, models, cache_dir, force=force, log=log, engines=not isinstance(target, Target))
     built = [r.name for r in results if not r.failed]
     if not built or (not partial and len(built) < len(results)):
         return results, []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tests.conftest import SERVED_SPEC, tritonkit, write_spec
@@ -69,12 +71,18 @@ def test_tensors_come_from_the_onnx_graph_when_omitted(workdir):
     assert [(o.name, list(o.dims)) for o in cfg.output] == [("out", [-1])]
 
 
-def test_ngc_target_uses_the_onnxruntime_backend(workdir):
-    spec_path = write_spec(workdir, {"models": [{"name": "m", "onnx": "onnx/mlp.onnx"}]})
+@pytest.mark.parametrize("gpus, platform, kind", [(1, "tensorrt_plan", "KIND_GPU"),
+                                                   (0, "onnxruntime_onnx", "KIND_CPU")])
+def test_ngc_target_is_the_deploy_blocks_node(workdir, gpus, platform, kind):
+    """The node decides `auto`: TensorRT (built there from the ONNX) with a GPU, ONNX Runtime on the
+    CPU without one, on this GPU-less machine either way."""
+    spec_path = write_spec(workdir, {"models": [{"name": "m", "onnx": "onnx/mlp.onnx"}], "deploy": {"gpus": gpus}})
     res = tritonkit("configs", "--spec", str(spec_path), "--out", str(workdir / "repo"), "--target", "ngc")
     assert res.returncode == 0, res.stderr
+    assert "target: NGC 24.10 (Triton 2.51.0) on x86" in res.stdout
     cfg = parse((workdir / "repo/m/config.pbtxt").read_text())
-    assert cfg.platform == "onnxruntime_onnx" and not cfg.backend
+    assert cfg.platform == platform and not cfg.backend
+    assert mc.ModelInstanceGroup.Kind.Name(cfg.instance_group[0].kind) == kind
     assert (workdir / "repo/m/1/model.onnx").exists() and not (workdir / "repo/m/1/model.py").exists()
 
 

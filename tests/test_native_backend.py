@@ -16,6 +16,7 @@ from tritonkit.configs.generate import gpu_present, resolve_runtime
 from tritonkit.loadtests.server_probe import local_install_line
 from tritonkit.server import LocalTriton, find_install
 from tritonkit.spec import ModelSpec, ServerSpec
+from tritonkit.support import BY_RELEASE, Target
 
 pytestmark = pytest.mark.skipif(gpu_present(), reason="with a GPU and TensorRT, auto picks tensorrt")
 
@@ -80,7 +81,8 @@ def test_the_bundled_server_uses_the_python_backend(monkeypatch):
     install = find_install()
     assert install.bundled and install.backends == ("python",)
     assert resolve_runtime(AUTO, "local") == "python-onnxruntime"
-    assert resolve_runtime(AUTO, "ngc") == "onnxruntime"  # NGC images have it, whatever runs locally
+    cpu_node = Target(BY_RELEASE["24.10"], "x86", gpu=False)
+    assert resolve_runtime(AUTO, cpu_node) == "onnxruntime"  # NGC images have it, whatever runs locally
     line = local_install_line()
     assert "bundled with nvidia-pytriton" in line and "python-onnxruntime" in line, line
 

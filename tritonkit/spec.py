@@ -170,7 +170,9 @@ class DeployEngines(_Strict):
     pvc: str | None = Field(None, pattern=_K8S_NAME)  # an existing claim; unset creates one
     pvc_size: str = Field("10Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
     url: str | None = Field(None, pattern=r"^https?://")  # archive with <model>/1/... folders
+    # Unset: deploy writes the archive itself (helm/bundle.py) and pins its digest.
     sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
+    upload: bool = False  # deploy PUTs the archive it wrote to `url`
 
 
 class DeployAutoscaling(_Strict):
@@ -193,7 +195,7 @@ class DeploySettings(_Strict):
 
     release: str = Field("triton-edge", max_length=53, pattern=_K8S_NAME)
     namespace: str = Field("triton", max_length=63, pattern=_K8S_NAME)
-    platform: Literal["x86", "jetson"] = "x86"  # NGC image -py3 or -py3-igpu
+    platform: Literal["x86", "sbsa", "jetson"] = "x86"  # the node: tritonkit/support.py (the support matrix)
     triton_version: str = Field("24.10", pattern=r"^[0-9]{2}\.[0-9]{2}$")  # NGC release YY.MM
     gpus: int = Field(1, ge=0)
     runtime_class: str | None = None  # default: `nvidia` on jetson, none on x86
