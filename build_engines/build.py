@@ -55,15 +55,19 @@ class ModelResult:
         return self.status == FAILED
 
 
+ON_NODE = "engines are built on the node, by the TensorRT that serves them"
+
+
 def build(spec: Spec, out: Path, models: list[str] | None = None, cache_dir: Path = DEFAULT_CACHE,
-          force: bool = False, log=print) -> list[ModelResult]:
+          force: bool = False, log=print, engines: bool = True) -> list[ModelResult]:
     """Build each chosen model of a parsed spec (its rules checked without the ONNX graphs: a
     batch-1 export is fine here, the graphs are checked against what `prepare` makes of them).
 
     A model that cannot be built is a `failed` result, logged, and the others go on; nothing of
-    it is written. The caller reports the results, then `raise_failures`."""
+    it is written. The caller reports the results, then `raise_failures`. Without `engines` every
+    model is prepared, verified and planned, and no engine is built here (a deploy: the node builds)."""
     chosen = [spec.model(n) for n in models] if models else spec.models
-    here = target()
+    here = target() if engines else Target(None, None, ON_NODE)
     results = []
     for k, m in enumerate(chosen, 1):
         prefix = f"[{k}/{len(chosen)}] {m.name}"
@@ -127,7 +131,9 @@ def build_model(spec: Spec, m: ModelSpec, out: Path, here: Target, cache_dir: Pa
     engine_meta, engine_bytes, skipped = None, None, None
     if here.reason is not None or m.runtime not in ("auto", "tensorrt"):
         skipped = here.reason or f"runtime: {m.runtime} needs no engine"
-        log(f"{prefix}: engine build skipped: {skipped}; configs serve the prepared ONNX with ONNX Runtime")
+        then = ("the deploy's configs name the engine the node builds" if skipped == ON_NODE
+                else "configs serve the prepared ONNX with ONNX Runtime")
+        log(f"{prefix}: engine build skipped: {skipped}; {then}")
     else:
         plan, engine_bytes, engine_meta = _engine(spec, m, prepared, prepared_bytes, plan, here, cache_dir, log,
                                                   prefix)

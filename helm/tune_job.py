@@ -186,7 +186,7 @@ class Kubectl:
                            "cluster is reachable with `kubectl get nodes`)") from None
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
@@ -207,7 +207,7 @@ def wait_for(kubectl: Kubectl, job: str, timeout_s: int, log: Callable[[str], No
         if p.returncode == 0:
             return None
         if "timed out" not in (p.stderr + p.stdout):
-            raise KitError(f"tune: kubectl wait job/{job} failed: {_one_line(p.stderr or p.stdout)} (fix: check "
+            raise KitError(f"tune: kubectl wait job/{job} failed: {one_line(p.stderr or p.stdout)} (fix: check "
                            f"the cluster with `kubectl -n {kubectl.namespace} get jobs`)")
         q = kubectl.run("get", f"job/{job}", "-o", 'jsonpath={.status.conditions[?(@.type=="Failed")].reason}')
         if q.returncode == 0 and q.stdout.strip():
@@ -217,7 +217,7 @@ def wait_for(kubectl: Kubectl, job: str, timeout_s: int, log: Callable[[str], No
 def job_log(kubectl: Kubectl, job: str) -> str:
     p = kubectl.run("logs", f"job/{job}", "-c", CONTAINER)
     if p.returncode != 0:
-        raise KitError(f"tune: kubectl logs job/{job} failed: {_one_line(p.stderr or p.stdout)} (fix: the Job's "
+        raise KitError(f"tune: kubectl logs job/{job} failed: {one_line(p.stderr or p.stdout)} (fix: the Job's "
                        "pod is gone, e.g. past tune.ttlSecondsAfterFinished or activeDeadlineSeconds: run "
                        "`tritonkit deploy --tune` again)")
     return p.stdout

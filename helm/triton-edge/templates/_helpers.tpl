@@ -189,6 +189,19 @@ patching a finished one. `tritonkit deploy --tune` builds the same name (helm/tu
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- if .Values.engines.build.enabled -}}
+{{- if lt (int .Values.gpu.count) 1 -}}
+{{- fail "engines.build.enabled needs gpu.count >= 1: TensorRT builds an engine on the GPU that serves it (or serve ONNX on the CPU: deploy.gpus: 0 in deploy.yaml)" -}}
+{{- end -}}
+{{- if not .Values.engines.build.plan -}}
+{{- fail "engines.build.enabled needs engines.build.plan (the build plan JSON; `tritonkit deploy` sets it)" -}}
+{{- end -}}
+{{- range .Values.engines.build.models -}}
+{{- if not (hasKey $.Values.modelRepository.configs .) -}}
+{{- fail (printf "engines.build.models lists %q, which has no entry in modelRepository.configs" .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.locust.enabled (not (include "triton-edge.locustModel" .)) -}}
 {{- fail "locust.enabled needs locust.model or at least one model in modelRepository.configs" -}}
 {{- end -}}
@@ -230,14 +243,85 @@ patching a finished one. `tritonkit deploy --tune` builds the same name (helm/tu
 {{- end }}
 {{- end -}}
 
-{{/* Engine volume mounts: each model's version folder, read-only, under the repository. */}}
+{{/* Engine volume mounts: each model's version folder, read-only, under the repository; an engine
+built on the node comes from the engine cache, where the build container put it. */}}
 {{- define "triton-edge.engineMounts" -}}
 {{- $root := .Values.modelRepository.mountPath -}}
+{{- $built := ternary .Values.engines.build.models list .Values.engines.build.enabled -}}
 {{- range keys .Values.modelRepository.configs | sortAlpha }}
+{{- if has . $built }}
+- name: engine-cache
+  mountPath: {{ printf "%s/%s/1" $root . }}
+  subPath: {{ printf "served/%s/1" . }}
+  readOnly: true
+{{- else }}
 - name: engines
   mountPath: {{ printf "%s/%s/1" $root . }}
   subPath: {{ printf "%s/1" . }}
   readOnly: true
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "triton-edge.buildImage" -}}
+{{- $img := .Values.engines.build.image -}}
+{{- include "triton-edge.imageRef" (dict "registry" $img.registry "repository" $img.repository "digest" $img.digest "tag" (default (printf "%s-py3" (toString .Values.image.tag)) (toString $img.tag))) -}}
+{{- end -}}
+
+{{- define "triton-edge.cacheClaim" -}}
+{{- default (include "triton-edge.componentName" (dict "ctx" . "suffix" "engine-cache")) .Values.engines.build.cache.pvc.existingClaim -}}
+{{- end -}}
+
+{{/* The init container that builds engines on the node (files/build_engines.py): it sees the GPU the
+pod is given, reads the version folders' ONNX and writes the cache; it never runs as root. */}}
+{{- define "triton-edge.buildContainer" -}}
+- name: build-engines
+  image: {{ include "triton-edge.buildImage" . }}
+  imagePullPolicy: {{ .Values.engines.build.image.pullPolicy }}
+  command: ["python3", "/build/build_engines.py"]
+  env:
+    - name: BUILD_PLAN
+      value: /build/plan.json
+    - name: BUILD_SOURCE
+      value: /engines
+    - name: BUILD_CACHE
+      value: /cache
+    - name: BUILD_OUT
+      value: /cache/served
+    - name: HOME
+      value: /tmp
+  resources:
+    {{- $res := deepCopy .Values.engines.build.resources }}
+    {{- if gt (int .Values.gpu.count) 0 }}
+    {{- $limits := default dict $res.limits }}
+    {{- $_ := set $limits .Values.gpu.resourceName (int .Values.gpu.count) }}
+    {{- $_ := set $res "limits" $limits }}
+    {{- end }}
+    {{- toYaml $res | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.containerSecurityContext | nindent 4 }}
+  volumeMounts:
+    - name: engines
+      mountPath: /engines
+      readOnly: true
+    - name: engine-cache
+      mountPath: /cache
+    - name: build-script
+      mountPath: /build
+      readOnly: true
+    - name: tmp
+      mountPath: /tmp
+{{- end -}}
+
+{{- define "triton-edge.cacheVolume" -}}
+- name: engine-cache
+{{- if eq .Values.engines.build.cache.source "hostPath" }}
+  hostPath:
+    path: {{ .Values.engines.build.cache.hostPath.path }}
+    type: DirectoryOrCreate
+{{- else }}
+  persistentVolumeClaim:
+    claimName: {{ include "triton-edge.cacheClaim" . }}
 {{- end }}
 {{- end -}}
 
@@ -254,6 +338,9 @@ patching a finished one. `tritonkit deploy --tune` builds the same name (helm/tu
 {{- else }}
   emptyDir:
     sizeLimit: {{ .Values.engines.fetch.sizeLimit }}
+{{- end }}
+{{- if .Values.engines.build.enabled }}
+{{ include "triton-edge.cacheVolume" . }}
 {{- end }}
 {{- end -}}
 
