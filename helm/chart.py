@@ -101,7 +101,7 @@ class Rendered:
         return "".join(f"---\n# Source: {m.source}\n{yaml.safe_dump(m.doc, sort_keys=False)}" for m in self.manifests)
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
@@ -129,9 +129,9 @@ def render(values: dict, release: str, namespace: str, chart: Path | None = None
         with helm.Chart.load(chart) as c:
             templates = c.render(values, name=release, namespace=namespace, is_install=True)
     except (helm.HelmValuesError, helm.HelmRenderError) as e:
-        raise ValuesRejected(_one_line(e)) from None
+        raise ValuesRejected(one_line(e)) from None
     except helm.HelmError as e:
-        raise KitError(f"Helm could not render {chart}: {_one_line(e)}") from None
+        raise KitError(f"Helm could not render {chart}: {one_line(e)}") from None
     manifests, notes = _parse(templates)
     return Rendered(manifests, notes, f"helm-python-sdk (Helm {helm.helm_sdk_version()})")
 
@@ -147,7 +147,7 @@ def _render_binary(binary: str, values: dict, release: str, namespace: str, char
         p = subprocess.run([binary, "template", release, str(chart), "--namespace", namespace,
                             "--values", _values_file(values, tmp)], capture_output=True, text=True)
     if p.returncode != 0:
-        raise ValuesRejected(_one_line(p.stderr or p.stdout))
+        raise ValuesRejected(one_line(p.stderr or p.stdout))
     templates: dict[str, str] = {}
     for part in p.stdout.split("\n---\n"):
         lines = part.strip().splitlines()
@@ -156,6 +156,19 @@ def _render_binary(binary: str, values: dict, release: str, namespace: str, char
             templates[src] = templates.get(src, "") + "\n---\n" + part
     manifests, _ = _parse(templates)
     return Rendered(manifests, "", binary)
+
+
+def lint(values: dict, chart: Path | None = None, versions: tuple[str, ...] | None = None) -> list[str]:
+    """`helm lint --strict` of the chart with these values, for each Kubernetes version: the
+    warnings and errors (Helm's library, the same code as the binary's lint)."""
+    import helm_python as helm
+
+    problems = []
+    for version in versions or kube_versions():
+        report = helm.lint(chart or chart_dir(), values, strict=True, kube_version=f"v{version}.0")
+        problems += [f"Kubernetes {version}: {m.get('text', m)}" for m in report["messages"] if m["severity"] >= 2]
+        problems += [f"Kubernetes {version}: {e}" for e in report["errors"] or []]
+    return problems
 
 
 def validate(rendered: Rendered, versions: tuple[str, ...] | None = None) -> list[str]:
@@ -171,7 +184,7 @@ def validate(rendered: Rendered, versions: tuple[str, ...] | None = None) -> lis
                 kv.validate(m.doc, version, strict=True)
             except kv.ValidationError as e:
                 where = "/".join(str(p) for p in e.absolute_path)
-                problems.append(f"{m} at {where or '/'}: {_one_line(e.message)} (Kubernetes {version})")
+                problems.append(f"{m} at {where or '/'}: {one_line(e.message)} (Kubernetes {version})")
             except kv.SchemaNotFoundError as e:
                 problems.append(f"{m}: {e.message}")
     return problems
@@ -211,7 +224,7 @@ def _no_cluster(detail: str) -> KitError:
                     f"kubeconfig, e.g. /etc/rancher/k3s/k3s.yaml on k3s or `microk8s config` output, {_DRY_RUN_FIX})")
 
 
-def _unreachable(where: str, detail: str) -> KitError:
+def unreachable(where: str, detail: str) -> KitError:
     return KitError(f"Kubernetes cluster unreachable through {where}: {detail} (fix: start the cluster, or pick "
                     f"a reachable one with --kube-context/--kubeconfig, {_DRY_RUN_FIX})")
 
@@ -262,7 +275,7 @@ def upgrade_install(values: dict, release: str, namespace: str, *, chart: Path |
             try:
                 cfg.check_reachable()
             except helm.HelmKubeError as e:
-                raise _unreachable(where, _one_line(e)) from None
+                raise unreachable(where, one_line(e)) from None
             opts = {"namespace": namespace, "timeout": timeout_s, "wait": "watcher" if wait else None}
             try:
                 cfg.history(release, max_revisions=1)
@@ -275,11 +288,11 @@ def upgrade_install(values: dict, release: str, namespace: str, *, chart: Path |
                 else:
                     rel = cfg.install(c, release, values, create_namespace=True, **opts)
     except (helm.HelmValuesError, helm.HelmRenderError) as e:
-        raise ValuesRejected(_one_line(e)) from None
+        raise ValuesRejected(one_line(e)) from None
     except helm.HelmKubeError as e:
-        raise _unreachable(where, _one_line(e)) from None
+        raise unreachable(where, one_line(e)) from None
     except helm.HelmError as e:
-        raise KitError(f"helm upgrade --install {release} failed: {_one_line(e)}") from None
+        raise KitError(f"helm upgrade --install {release} failed: {one_line(e)}") from None
     info = rel.get("info") or {}
     log(f"release {release} revision {rel.get('version', '?')} in namespace {namespace}: "
         f"{info.get('status', 'unknown')}")
@@ -298,9 +311,9 @@ def _install_binary(binary, values, release, namespace, chart, config, kube_cont
             cmd.append("--wait")
         p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
-        err = _one_line(p.stderr or p.stdout)
+        err = one_line(p.stderr or p.stdout)
         if "cluster unreachable" in err.lower() or "connection refused" in err.lower():
-            raise _unreachable(where, err)
+            raise unreachable(where, err)
         raise KitError(f"helm upgrade --install {release} failed: {err}")
     log(p.stdout.split("NOTES:")[0].strip())
     notes = p.stdout.split("NOTES:", 1)[1].strip() if "NOTES:" in p.stdout else ""

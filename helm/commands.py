@@ -39,7 +39,8 @@ def cmd_deploy(a: argparse.Namespace) -> int:
 
 def _deploy(a: argparse.Namespace, spec: Spec, tune: bool | None) -> DeployResult:
     return deploy(spec, a.repo, dry_run=a.dry_run, out=a.out, chart=a.chart, kubeconfig=a.kubeconfig,
-                  kube_context=a.kube_context, wait=a.wait, timeout_s=a.timeout, log=say, tune=tune)
+                  kube_context=a.kube_context, wait=a.wait, timeout_s=a.timeout, log=say, tune=tune,
+                  preflight_cluster=not a.no_preflight, kubectl=a.kubectl)
 
 
 def _notes(r: DeployResult) -> None:
@@ -101,6 +102,9 @@ def register(sub) -> None:
     sp.add_argument("--tune", action="store_true",
                     help="also run the chart's tune Job (`tritonkit tune --url` on the Triton pod's node), wait for "
                          "it with kubectl and write its tuned.yaml beside the spec")
+    sp.add_argument("--no-preflight", action="store_true",
+                    help="install without first checking the cluster (RuntimeClass, GPUs, architectures)")
+    sp.add_argument("--kubectl", help="the kubectl preflight runs (default: kubectl on PATH)")
     sp.add_argument("--apply", action="store_true",
                     help="with --tune: then upgrade the release with the tuned configs (and the Job off)")
     sp.set_defaults(func=cmd_deploy)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import importlib.resources
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,16 +19,29 @@ from pathlib import Path
 import yaml
 
 from tritonkit.build_engines.build import raise_failures, table
-from tritonkit.build_engines.gpu import target
+from tritonkit.build_engines.node_plan import node_plan, node_plan_problems
 from tritonkit.configs.generate import generate
 from tritonkit.configs.loader import resolve
 from tritonkit.configs.steps import build_then_configs
 from tritonkit.errors import InputError, KitError, Problem
+from tritonkit.helm import bundle, preflight
 from tritonkit.helm import chart as helm_chart
 from tritonkit.helm.tune_job import tune_problems
 from tritonkit.spec import TUNED_FILE, Spec, _apply_tuned
+from tritonkit.support import Target, spec_problems, spec_target
 
+BUNDLE_FILE = "models.tar.gz"
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}  # the spec's 0 (a free port) means nothing in a pod
+
+
+class PreflightFailed(KitError):
+    """The cluster lacks what the release needs: nothing was installed (exit 2, the user's to fix)."""
+
+    exit_code = 2
+
+    def __init__(self, findings: list[str]):
+        self.findings = findings
+        super().__init__("preflight: nothing was installed:\n" + "\n".join(f"  {f}" for f in findings))
 
 
 @dataclass
@@ -39,16 +53,10 @@ class DeployResult:
     revision: int = 0  # the release revision installed (0: a dry run)
 
 
-def build_engines(spec: Spec, repo: Path, log: Callable[[str], None]) -> None:
-    """TensorRT engines where a GPU is (deploy builds engines by the same code, it does not replace
-    `tritonkit build`), and their NGC configs; without one, a graph `tritonkit build` prepared
-    earlier is still what the configs serve, through configs.loader."""
-    # build_engines' own test (driver + TensorRT >= 10), not a device-node check: Jetson has no /dev/nvidia0.
-    why = target().reason
-    if why:
-        log(f"engines: skipped, {why} (models without an engine serve their ONNX through onnxruntime)")
-        return
-    results, _ = build_then_configs(spec, repo, target="ngc", log=log, partial=False)
+def build_engines(spec: Spec, repo: Path, target: Target, log: Callable[[str], None]) -> None:
+    """Prepare, verify and plan every model here (`tritonkit build`, no engine: engines are built on
+    the node, by the TensorRT that serves them), and write the configs for the target."""
+    results, _ = build_then_configs(spec, repo, target=target, log=log, partial=False)
     log(table(results))
     raise_failures(results)  # a deploy goes out whole or not at all: no configs written, nothing installed
 
@@ -94,7 +102,7 @@ def _spec_for_tuner(spec: Spec, tuned: bool = False) -> str:
 def deploy_problems(spec: Spec) -> list[Problem]:
     """The deploy block's cross-field rules, checked before anything is built or written."""
     d = spec.data.deploy
-    problems = []
+    problems = spec_problems(spec)
     kit_image = _image(d.kit_image) if d.kit_image else {}
     if d.kit_image and not kit_image:
         problems.append(Problem(spec.shown, "deploy.kit_image", f"{d.kit_image!r} is not an image reference",
@@ -111,9 +119,10 @@ def deploy_problems(spec: Spec) -> list[Problem]:
     return problems
 
 
-def chart_values(spec: Spec, repo: Path, tune: bool | None = None) -> dict:
+def chart_values(spec: Spec, repo: Path, tune: bool | None = None, bundle_sha: str | None = None) -> dict:
     """The chart values for this spec. Reads the generated config.pbtxt files from `repo`. `tune`
-    switches the tune Job on or off whatever deploy.values says (None: as deploy.values says)."""
+    switches the tune Job on or off whatever deploy.values says (None: as deploy.values says).
+    `bundle_sha`: the digest of the archive deploy wrote, pinned where the spec pins none."""
     helm_chart.require_deploy_extra()  # before engines and configs are written
     problems = deploy_problems(spec)
     if problems:
@@ -131,14 +140,15 @@ def chart_values(spec: Spec, repo: Path, tune: bool | None = None) -> dict:
     elif d.engines.source == "pvc":
         engines["pvc"] = {"existingClaim": d.engines.pvc or "", "size": d.engines.pvc_size}
     else:
-        engines["fetch"] = {"url": d.engines.url or "", "sha256": (d.engines.sha256 or "").lower()}
+        engines["fetch"] = {"url": d.engines.url or "", "sha256": (d.engines.sha256 or bundle_sha or "").lower()}
     slos = [m.slo.p95_ms for m in spec.models if m.slo.p95_ms]
     # Scale out before queueing eats the latency budget: a quarter of the tightest P95 SLO.
     queue_target = d.autoscaling.target_queue_us or (max(500, int(min(slos) * 1000 / 4)) if slos else 5000)
 
+    target = spec_target(spec)
     values = {
         "platform": d.platform,
-        "image": {"tag": d.triton_version},
+        "image": {"tag": d.triton_version, "flavor": target.flavor},
         "replicaCount": d.replicas,
         "models": served,
         "server": {
@@ -153,7 +163,7 @@ def chart_values(spec: Spec, repo: Path, tune: bool | None = None) -> dict:
         ("nvidia" if d.platform == "jetson" else ""),
         "nodeSelector": d.node_selector,
         "modelRepository": {"configs": {n: (Path(repo) / n / "config.pbtxt").read_text() for n in served}},
-        "engines": engines,
+        "engines": {**engines, "build": engine_build(spec, repo, target, served)},
         "service": {"ports": {"http": ports["http"], "grpc": ports["grpc"]}},
         "metrics": {"service": {"port": ports["metrics"]}, "serviceMonitor": {"enabled": d.service_monitor}},
         "autoscaling": {
@@ -182,6 +192,26 @@ def chart_values(spec: Spec, repo: Path, tune: bool | None = None) -> dict:
     return values
 
 
+def on_node(repo: Path, served: list[str]) -> list[str]:
+    """The models whose config serves a TensorRT engine: the node builds those."""
+    return [n for n in served if 'platform: "tensorrt_plan"' in (Path(repo) / n / "config.pbtxt").read_text()]
+
+
+def engine_build(spec: Spec, repo: Path, target: Target, served: list[str]) -> dict:
+    """The chart's engines.build: the plan made here, the image that builds on the node."""
+    models = on_node(repo, served)
+    if not models:
+        return {"enabled": False}
+    problems = node_plan_problems(spec, models)
+    if problems:
+        raise InputError(problems)
+    registry, _, rest = target.build_image.partition("/")
+    repository, _, tag = rest.partition(":")
+    plan = node_plan(spec, Path(repo), models, target.release.tensorrt)
+    return {"enabled": True, "models": models, "plan": json.dumps(plan, sort_keys=True),
+            "image": {"registry": registry, "repository": repository, "tag": tag}}
+
+
 def _rejected(spec: Spec, e: helm_chart.ValuesRejected) -> KitError:
     """Values Helm refuses come from deploy.yaml (deploy.values, mostly): say so, with the file."""
     return InputError([Problem(spec.shown, "deploy", f"the chart refused the values: {e}",
@@ -191,7 +221,7 @@ def _rejected(spec: Spec, e: helm_chart.ValuesRejected) -> KitError:
 def deploy(spec: Spec, repo: Path, *, dry_run: bool = False, out: Path | None = None,
            chart: Path | None = None, kubeconfig: Path | None = None, kube_context: str | None = None,
            wait: bool = False, timeout_s: int = 600, log: Callable[[str], None] = print,
-           tune: bool | None = None) -> DeployResult:
+           tune: bool | None = None, preflight_cluster: bool = True, kubectl: str | None = None) -> DeployResult:
     """`spec` is parsed and checked without its ONNX graphs (configs.loader, check_onnx=False):
     the graphs are checked after the build, against what it prepared. `tune`: the tune Job on
     (True) or off (False) in this release, whatever deploy.values says."""
@@ -203,14 +233,23 @@ def deploy(spec: Spec, repo: Path, *, dry_run: bool = False, out: Path | None = 
     if chart is not None and not (Path(chart) / "Chart.yaml").is_file():
         raise InputError([Problem("command line", "--chart", f"{chart} is not a Helm chart (no Chart.yaml)",
                                   "pass the chart folder, e.g. helm/triton-edge")])
-    if not dry_run:
-        helm_chart.kubeconfig_path(kubeconfig)  # no cluster: say so before minutes of engine builds
+    config = None if dry_run else helm_chart.kubeconfig_path(kubeconfig)  # no cluster: said before any work
 
-    build_engines(spec, repo, log)
+    target = spec_target(spec)
+    log(f"target: {target.describe()}; images for {', '.join(target.image_arches)}")
+    build_engines(spec, repo, target, log)
     served = resolve(spec, repo)
-    for r in generate(served, repo, target="ngc"):
+    for r in generate(served, repo, target=target):
         log(f"configs: {r.config_path} ({r.runtime}{', updated' if r.changed else ''})")
-    values = chart_values(spec, repo, tune=tune)
+    bundle_sha = None
+    if d.engines.source == "fetch" and not d.engines.sha256:
+        path = (Path(out) if out is not None else Path(repo).parent) / BUNDLE_FILE
+        bundle_sha = bundle.write(Path(repo), list(spec.served()), path)
+        log(f"engines: wrote {path} (sha256 {bundle_sha}); the pods fetch it from deploy.engines.url")
+        if d.engines.upload and not dry_run:
+            bundle.upload(path, d.engines.url)
+            log("engines: uploaded it to deploy.engines.url")
+    values = chart_values(spec, repo, tune=tune, bundle_sha=bundle_sha)
     try:
         rendered = helm_chart.render(values, d.release, d.namespace, chart)
     except helm_chart.ValuesRejected as e:
@@ -219,8 +258,12 @@ def deploy(spec: Spec, repo: Path, *, dry_run: bool = False, out: Path | None = 
     if problems:
         raise KitError(f"rendered manifests fail the Kubernetes schemas: {problems[0]}"
                        + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    problems = helm_chart.lint(values, chart)
+    if problems:
+        raise KitError(f"helm lint --strict: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     versions = " and ".join(helm_chart.kube_versions())
-    log(f"chart: {len(rendered.manifests)} manifests rendered by {rendered.engine}, valid for Kubernetes {versions}")
+    log(f"chart: {len(rendered.manifests)} manifests rendered by {rendered.engine}, lint clean (strict), "
+        f"valid for Kubernetes {versions}")
     if d.engines.source == "hostPath":
         log(f"engines: hostPath {values['engines']['hostPath']['path']} must hold <model>/1/ on the node")
     result = DeployResult(values, rendered)
@@ -228,8 +271,17 @@ def deploy(spec: Spec, repo: Path, *, dry_run: bool = False, out: Path | None = 
         result.written = helm_chart.write(rendered, values, out)
         log(f"wrote {len(result.written)} files to {out} (all manifests in {Path(out) / 'manifests.yaml'})")
     if dry_run:
+        log("preflight: would check the cluster (kubectl), each finding one line naming the fix:")
+        for line in preflight.describe(values, target):
+            log(f"  {line}")
         result.notes = rendered.notes
         return result
+    if preflight_cluster:
+        findings = preflight.run(values, target, kubectl=kubectl, context=kube_context,
+                                 kubeconfig=str(config) if config else None)
+        if findings:
+            raise PreflightFailed(findings)
+        log("preflight: the cluster has what the release needs")
     try:
         installed = helm_chart.upgrade_install(values, d.release, d.namespace, chart=chart,
                                                kubeconfig=kubeconfig, kube_context=kube_context,

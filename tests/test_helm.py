@@ -54,7 +54,7 @@ SPEC = {
 # The values matrix: each case on top of what `tritonkit deploy` derives from SPEC.
 MATRIX = {
     "minimal": {},
-    "jetson": {"platform": "jetson", "runtimeClassName": "nvidia",
+    "jetson": {"platform": "jetson", "runtimeClassName": "nvidia", "image": {"flavor": ""},
                "nodeSelector": {"nvidia.com/gpu.product": "Orin"},
                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -74,7 +74,7 @@ MATRIX = {
     "locust": {"locust": {"enabled": True, "workers": 3}},
     "hpa-queue": {"autoscaling": {"enabled": True, "maxReplicas": 4}},
     "hpa-cpu": {"autoscaling": {"enabled": True, "metric": "cpu"}},
-    "cpu-only": {"gpu": {"count": 0}, "server": {"gpuMetrics": False}},
+    "cpu-only": {"gpu": {"count": 0}, "server": {"gpuMetrics": False}, "engines": {"build": {"enabled": False}}},
     "everything": {"tuner": {"enabled": True}, "locust": {"enabled": True},
                    "autoscaling": {"enabled": True},
                    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
@@ -89,13 +89,15 @@ MATRIX = {
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory, onnx_dir):
     """SPEC written beside onnx/, its NGC configs generated, and the values `tritonkit deploy` derives."""
-    from tritonkit.configs.generate import generate
+    from tritonkit.configs.steps import build_then_configs
 
     root = tmp_path_factory.mktemp("helm")
     (root / "onnx").symlink_to(onnx_dir)
     spec_path = write_spec(root, SPEC)
     repo = root / "repo"
-    generate(load_spec(spec_path, repo), repo, target="ngc")
+    # As deploy does: every model prepared and planned here, its engine left to the node.
+    build_then_configs(load_spec(spec_path), repo, target="ngc", cache_dir=root / "cache", log=lambda _: None,
+                       partial=False)
     spec = load_spec(spec_path)
     return kit_deploy.chart_values(spec, repo), repo, kit_deploy._spec_for_tuner(spec)
 
@@ -261,9 +263,11 @@ def test_triton_server(case):
     pod = triton(docs)["spec"]["template"]["spec"]
     mounts = {m["mountPath"]: m for m in t["volumeMounts"]}
     assert mounts["/tmp"]["name"] in {v["name"] for v in pod["volumes"] if "emptyDir" in v}
-    for model in ("mlp", "seq_mean"):
-        assert mounts[f"/models/{model}/1"] == {"name": "engines", "mountPath": f"/models/{model}/1",
-                                                "subPath": f"{model}/1", "readOnly": True}
+    built = values["engines"]["build"]["models"] if values["engines"]["build"]["enabled"] else []
+    for model in ("mlp", "seq_mean"):  # an engine built on the node is served from the build's cache
+        volume, sub = ("engine-cache", f"served/{model}/1") if model in built else ("engines", f"{model}/1")
+        assert mounts[f"/models/{model}/1"] == {"name": volume, "mountPath": f"/models/{model}/1",
+                                                "subPath": sub, "readOnly": True}
     assert t["resources"]["limits"].get("nvidia.com/gpu") == (None if name == "cpu-only" else 1)
     assert ("--allow-gpu-metrics=false" in args) == (name == "cpu-only")
     if name == "jetson":
@@ -303,7 +307,7 @@ def test_engine_sources(case):
     if name.startswith("pvc"):
         claim = "engines" if name == "pvc-existing" else "edge-triton-edge-engines"
         assert engines["persistentVolumeClaim"] == {"claimName": claim, "readOnly": True}
-        pvcs = kinds(docs, "PersistentVolumeClaim")
+        pvcs = [p for p in kinds(docs, "PersistentVolumeClaim") if not p["metadata"]["name"].endswith("engine-cache")]
         assert ([p["metadata"]["name"] for p in pvcs] == [] if name == "pvc-existing"
                 else pvcs[0]["spec"]["storageClassName"] == "local-path")
     elif name.startswith("fetch") or name == "everything":
@@ -322,6 +326,39 @@ def test_engine_sources(case):
         assert 443 in egress_ports
     else:
         assert engines["hostPath"]["type"] == "Directory"
+
+
+def test_engines_built_on_the_node(case, kit):
+    """A GPU target's engines: built by an init container from the serving release's TensorRT image,
+    with the plan deploy made, into a cache that outlives the pod and is keyed there."""
+    name, values, docs = case
+    pod = triton(docs)["spec"]["template"]["spec"]
+    init = {c["name"]: c for c in pod.get("initContainers", [])}
+    if name == "cpu-only":
+        assert "build-engines" not in init and "engine-cache" not in {v["name"] for v in pod["volumes"]}
+        return
+    build = init["build-engines"]
+    assert build["image"] == "nvcr.io/nvidia/tensorrt:24.10-py3"  # the serving release's TensorRT
+    assert build["command"] == ["python3", "/build/build_engines.py"]
+    assert build["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert list(init).index("build-engines") > list(init).index("fetch-engines") if "fetch-engines" in init else True
+    assert policy_problems([{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {**pod, "containers": [build]}}]) == []
+    cm = one(docs, "ConfigMap", "edge-triton-edge-build")
+    assert cm["data"]["build_engines.py"] == (CHART / "files" / "build_engines.py").read_text()
+    plan = json.loads(cm["data"]["plan.json"])
+    assert [m["name"] for m in plan["models"]] == values["engines"]["build"]["models"] == ["mlp", "seq_mean"]
+    repo = kit[1]
+    for m in plan["models"]:  # the digest of the ONNX the node reads, and one profile's shapes for trtexec
+        assert m["sha256"] == hashlib.sha256((repo / m["name"] / "1" / "model.onnx").read_bytes()).hexdigest()
+        assert [a.split("=")[0] for a in m["args"][:3]] == ["--minShapes", "--optShapes", "--maxShapes"]
+        assert 'platform: "tensorrt_plan"' in (repo / m["name"] / "config.pbtxt").read_text()
+    assert any(a.startswith("--maxShapes=input:8x") for a in plan["models"][0]["args"])  # mlp's max batch
+    cache = next(v for v in pod["volumes"] if v["name"] == "engine-cache")
+    pvc = one(docs, "PersistentVolumeClaim", "edge-triton-edge-engine-cache")
+    assert cache["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"  # a rebuild costs minutes
+    annotations = triton(docs)["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["checksum/engine-plan"] == hashlib.sha256(cm["data"]["plan.json"].encode()).hexdigest()
 
 
 def test_services_and_network_policy(case):
@@ -494,8 +531,9 @@ def test_tune_job(case):
         "name": one(docs, "Secret")["metadata"]["name"], "key": "api-key"}}}
     mounts = {m["mountPath"]: m for m in tune["volumeMounts"]}
     for model in ("mlp", "seq_mean"):  # --repo /models as the server has it: configs and version folders
-        assert mounts[f"/models/{model}/1"] == {"name": "engines", "mountPath": f"/models/{model}/1",
-                                                "subPath": f"{model}/1", "readOnly": True}
+        for path in (f"/models/{model}/1", f"/models/{model}/config.pbtxt"):
+            assert mounts[path] == next(m for m in container(triton(docs), "triton")["volumeMounts"]
+                                        if m["mountPath"] == path), path
         assert mounts[f"/models/{model}/config.pbtxt"] == next(
             m for m in container(triton(docs), "triton")["volumeMounts"] if m["mountPath"].endswith(
                 f"/{model}/config.pbtxt"))
@@ -735,6 +773,9 @@ def test_tune_job_starts_from_the_served_configs(workdir):
     ({"tune": {"enabled": True}, "replicaCount": 2, "modelRepository": {"spec": "models: []"}}, "one Triton pod"),
     ({"tune": {"enabled": True}, "autoscaling": {"enabled": True}, "modelRepository": {"spec": "models: []"}},
      "one Triton pod"),
+    ({"gpu": {"count": 0}}, "engines.build.enabled needs gpu.count >= 1"),
+    ({"engines": {"build": {"plan": ""}}}, "/engines/build/plan"),
+    ({"engines": {"build": {"models": ["nope"]}}}, 'engines.build.models lists "nope"'),
 ])
 def test_chart_refuses_bad_values(kit, values, says):
     with pytest.raises((helm.HelmValuesError, helm.HelmRenderError), match=re.escape(says)):
@@ -823,7 +864,7 @@ def default_spec(tmp_path_factory) -> Path:
 def test_deploy_dry_run_on_the_default_spec(default_spec):
     root = default_spec
     sentinel = "sentinel-api-key-0123456789"
-    p = tritonkit("deploy", "--dry-run", "--out", "out/deploy", cwd=root, env={"TRITONKIT_API_KEY": sentinel})
+    p = dry = tritonkit("deploy", "--dry-run", "--out", "out/deploy", cwd=root, env={"TRITONKIT_API_KEY": sentinel})
     assert p.returncode == 0, p.stderr
     assert "valid for Kubernetes 1.28" in p.stdout
     out = root / "out" / "deploy"
@@ -842,9 +883,14 @@ def test_deploy_dry_run_on_the_default_spec(default_spec):
     # The ConfigMap carries exactly what `tritonkit configs --target ngc` writes for the same spec.
     p = tritonkit("configs", "--target", "ngc", "--out", "ngc_repo", cwd=root)
     assert p.returncode == 0, p.stderr
-    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("model-configs"))
     assert cm["data"]["edge_mlp.config.pbtxt"] == (root / "ngc_repo" / "edge_mlp" / "config.pbtxt").read_text()
-    assert 'platform: "onnxruntime_onnx"' in cm["data"]["edge_mlp.config.pbtxt"]  # no GPU here
+    # The target decides, not this GPU-less machine: the spec's node has a GPU, so TensorRT, built there.
+    assert 'platform: "tensorrt_plan"' in cm["data"]["edge_mlp.config.pbtxt"]
+    assert "kind: KIND_GPU" in cm["data"]["edge_mlp.config.pbtxt"]
+    assert values["engines"]["build"]["models"] == ["edge_mlp"]
+    assert "target: NGC 24.10 (Triton 2.51.0) on x86" in dry.stdout
+    assert "preflight: would check" in dry.stdout
 
 
 def test_deploy_block_drives_the_values(workdir):
