@@ -107,6 +107,7 @@ engines: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit build --spec $(SPEC) --out $(REPO)
 
 gpu-check: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[gpu]'  # TensorRT for this machine's own build (the node builds its own)
 	$(BIN)/python -m tritonkit.build_engines.gpu_check
 
 # The kit's wheel and every wheel its base install needs (no extras), for a box without network:
@@ -115,6 +116,8 @@ gpu-check: $(STAMP)
 WHEELHOUSE ?= wheelhouse
 wheelhouse: $(STAMP)
 	$(BIN)/pip wheel --quiet --wheel-dir $(WHEELHOUSE) .
+	# the last tritonclient wheel with bin/perf_analyzer for the kit image (Containerfile)
+	$(BIN)/pip download --quiet --no-deps --only-binary=:all: --dest $(WHEELHOUSE)/perf_analyzer tritonclient==2.51.0
 	@ls $(WHEELHOUSE)/*.whl | wc -l | xargs echo "wheels in $(WHEELHOUSE)/:"
 
 lint: $(STAMP)

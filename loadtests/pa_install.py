@@ -6,6 +6,10 @@ Where a binary comes from, first match wins:
 3. the kit's cache, `~/.cache/tritonkit/perf_analyzer/<server version>/`, filled on first use from
    the `tritonclient` wheel of the server's own version, which carries `bin/perf_analyzer` up to
    2.60 (the `perf-analyzer` wheels on PyPI need glibc 2.38; many edge images have older).
+   `$TRITONKIT_PERF_ANALYZER_DIR` moves that cache: the kit image fills one at build time (its
+   Containerfile) and reads it at run time, read-only and without a network. Where it holds no
+   binary of the server's version it gives its newest, since perf_analyzer speaks the same KServe
+   v2 protocol to every 2.x server, rather than letting the tune fall back to the asyncio client.
 
 The wheel's binary loads `libb64.so.0d` and `libcudart.so.12`. The `nvidia-pytriton` wheel that
 bundles the server carries both (under hashed names), so the cache links them beside the binary;
@@ -27,6 +31,7 @@ from pathlib import Path
 from tritonkit.errors import KitError
 
 ENV_BINARY = "TRITONKIT_PERF_ANALYZER"
+ENV_DIR = "TRITONKIT_PERF_ANALYZER_DIR"
 # The libraries the wheel's binary needs that a CPU box lacks, and the glob of the hashed copies in
 # nvidia_pytriton.libs
 BUNDLED_LIBS = {"libb64.so.0d": "libb64-*.so.0d", "libcudart.so.12": "libcudart-*.so.12*"}
@@ -54,7 +59,24 @@ class PerfAnalyzerMissing(KitError):
 
 
 def cache_root() -> Path:
+    if os.environ.get(ENV_DIR):
+        return Path(os.environ[ENV_DIR])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tritonkit" / "perf_analyzer"
+
+
+def _version_key(folder: Path) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", folder.name))
+
+
+def _shipped(server_version: str) -> Path | None:
+    """The folder under `$TRITONKIT_PERF_ANALYZER_DIR` to use for this server: its own version's,
+    else the newest there."""
+    if not os.environ.get(ENV_DIR):
+        return None
+    root = Path(os.environ[ENV_DIR])
+    found = sorted((d for d in root.glob("*") if (d / "perf_analyzer").is_file()), key=_version_key)
+    exact = root / server_version
+    return exact if exact in found else (found[-1] if found else None)
 
 
 def find(server_version: str, *, install: bool = True, log=print) -> PerfAnalyzer:
@@ -66,7 +88,9 @@ def find(server_version: str, *, install: bool = True, log=print) -> PerfAnalyze
     on_path = shutil.which("perf_analyzer")
     if on_path:
         return _checked(Path(on_path), {}, "PATH")
-    folder = cache_root() / server_version
+    folder = _shipped(server_version) or cache_root() / server_version
+    if folder.name != server_version:
+        log(f"perf_analyzer {folder.name} from ${ENV_DIR} drives Triton {server_version} (one protocol for 2.x)")
     binary = folder / "perf_analyzer"
     if not binary.exists():
         if not install:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -76,6 +78,25 @@ def test_a_binary_that_cannot_run_names_the_missing_libraries(served, pa, tmp_pa
     assert done.returncode == 1, done.stdout + done.stderr
     assert "libb64.so.0d" in done.stderr and "libcudart.so.12" in done.stderr and str(bare) in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "out" / "result.json").exists()
+
+
+def test_the_kit_images_folder_measures_offline_with_an_empty_cache(served, pa, tmp_path):
+    """As in the kit image: $TRITONKIT_PERF_ANALYZER_DIR filled at build time (another version's
+    folder here), an empty home, nothing on PATH: perf_analyzer measures, nothing is downloaded."""
+    shipped = tmp_path / "image" / "2.50.0"
+    shipped.mkdir(parents=True)
+    shutil.copy(pa.binary, shipped / "perf_analyzer")
+    shutil.copytree(pa.binary.parent / "lib", shipped / "lib", symlinks=True)
+    home = tmp_path / "home"
+    home.mkdir()
+    done = tritonkit("loadtest", "--spec", str(served.spec_path), "--model", "steady", "--url", served.endpoints.grpc,
+                     "--engine", "perf_analyzer", "--rps", "50", "--duration", "1", "--out", str(tmp_path / "out"),
+                     env={pa_install.ENV_DIR: str(tmp_path / "image"), "HOME": str(home), "XDG_CACHE_HOME": "",
+                          "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "perf_analyzer 2.50.0 from $TRITONKIT_PERF_ANALYZER_DIR drives Triton 2.51.0" in done.stdout
+    assert json.loads((tmp_path / "out" / "result.json").read_text())["engine"] == "perf_analyzer"
+    assert not (home / ".cache" / "tritonkit" / "perf_analyzer").exists()
 
 
 def test_the_export_reader_pairs_timestamps_across_block_edges(tmp_path):

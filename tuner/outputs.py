@@ -134,6 +134,14 @@ def plot_trials(path: Path, trials: list[Trial], tuning: Tuning) -> None:
     write_bytes_atomic(path, buf.getvalue())
 
 
+def measured_by(trials: list[Trial]) -> str:
+    """Which client measured the trials (perf_analyzer, or asyncio where it could not run)."""
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t.engine or "unknown"] = counts.get(t.engine or "unknown", 0) + 1
+    return ", ".join(f"{e} ({n} trial{'s' if n != 1 else ''})" for e, n in counts.items()) or "no trial ran"
+
+
 def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial], seconds: float,
                  about: dict) -> Path:
     plot_trials(Path(out_dir) / "trials.png", trials, tuning)
@@ -154,7 +162,8 @@ def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial],
              "| | config | req/s | P95 ms | errors |", "| --- | --- | --- | --- | --- |",
              *([line("kept", w)] if tuning.kept else [line("before", b), line("after", w)]), "",
              f"Confirmed by a second measurement: {'yes' if tuning.confirmed else 'no'}. "
-             f"Search stopped: {tuning.stopped_because}. {len(trials)} trials in {seconds:.0f} s.", ""]
+             f"Search stopped: {tuning.stopped_because}. {len(trials)} trials in {seconds:.0f} s.", "",
+             f"Measured by: {measured_by(trials)}.", ""]
     if tuning.beside_start:
         pairs = ", ".join(f"{_ms(w)} vs {_ms(s)}" for w, s in tuning.beside_start)
         lines += [f"Beside the start, at the same rates in the same minutes: P95 {pairs} ms (winner vs start); "
