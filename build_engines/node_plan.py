@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from tritonkit.errors import InputError, Problem
-
 from tritonkit.spec import BuildSpec, Spec
 
 from . import artifacts

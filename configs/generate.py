@@ -261,7 +261,8 @@ def _engine_problems(spec: Spec, resolved: list[ResolvedModel], out: Path) -> li
                        f"tensorrt needs the engine {out / r.spec.name / VERSION / 'model.plan'}, which does not exist",
                        "build it first (`tritonkit build`) or set runtime: onnxruntime")
                for r in resolved
-               if r.runtime == "tensorrt" and not r.on_node and not (out / r.spec.name / VERSION / "model.plan").exists()]
+               if r.runtime == "tensorrt" and not r.on_node
+               and not (out / r.spec.name / VERSION / "model.plan").exists()]
     # The planned max batch must admit the preferred sizes; an engine must fit the spec and this machine
     # (an engine the node builds is checked by the node's build).
     return missing + [p for r in resolved
@@ -269,7 +270,8 @@ def _engine_problems(spec: Spec, resolved: list[ResolvedModel], out: Path) -> li
                                                 r.max_batch_size)]
 
 
-def generate(spec: Spec, out: Path, target: str | Target = "local", models: list[str] | None = None) -> list[WriteReport]:
+def generate(spec: Spec, out: Path, target: str | Target = "local",
+             models: list[str] | None = None) -> list[WriteReport]:
     """Write the repository folders of a resolved spec (configs.loader; a variant of one is checked
     here first): its models, and its pipelines where every model is written (`models` None).
     Every config is built in memory before the disk is touched."""

@@ -260,7 +260,8 @@ def deploy(spec: Spec, repo: Path, *, dry_run: bool = False, out: Path | None = 
                        + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     problems = helm_chart.lint(values, chart)
     if problems:
-        raise KitError(f"helm lint --strict: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise KitError(f"helm lint --strict: {problems[0]}{more}")
     versions = " and ".join(helm_chart.kube_versions())
     log(f"chart: {len(rendered.manifests)} manifests rendered by {rendered.engine}, lint clean (strict), "
         f"valid for Kubernetes {versions}")

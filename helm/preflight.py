@@ -101,7 +101,8 @@ def run(values: dict, target: Target, *, kubectl: str | None = None, context: st
                         f"{', '.join(target.image_arches)}: set deploy.platform to the node's "
                         f"({'x86' if 'amd64' in arches else 'sbsa or jetson'})")
     drivers = [int(v) for n in fit if (v := n["metadata"].get("labels", {}).get(GPU_DRIVER_LABEL, "")).isdigit()]
-    if gpus and target.release.min_driver and target.platform != "jetson" and drivers and max(drivers) < target.release.min_driver:
+    needs = target.release.min_driver if target.platform != "jetson" else None  # JetPack carries Jetson's
+    if gpus and needs and drivers and max(drivers) < needs:
         findings.append(f"the node's NVIDIA driver is {max(drivers)}, NGC {target.release.release} needs "
                         f"{target.release.min_driver}: update the driver or pick an older deploy.triton_version")
     runtime_class = values.get("runtimeClassName")
@@ -109,7 +110,8 @@ def run(values: dict, target: Target, *, kubectl: str | None = None, context: st
         names = [r["metadata"]["name"] for r in
                  _kubectl(kubectl, ("get", "runtimeclass", "-o", "json"), context, kubeconfig).get("items", [])]
         if runtime_class not in names:
-            findings.append(f"no RuntimeClass {runtime_class!r} (the cluster has: {', '.join(names) or 'none'}): on k3s "
+            have = ", ".join(names) or "none"
+            findings.append(f"no RuntimeClass {runtime_class!r} (the cluster has: {have}): on k3s "
                             "install the NVIDIA container toolkit and restart k3s, which then registers it; "
                             "or set deploy.runtime_class")
     elif gpus:

@@ -42,7 +42,7 @@ def _setting(row: Row) -> str:
     return f"max batch size {row['max_batch_size']} with a {row['max_queue_delay_us']} µs queue delay"
 
 
-def recommend(rows: Sequence[Row], slo_p95_ms: float | None, memory_budget_mb: float | None = None,
+def recommend(rows: Sequence[Row], slo_p95_ms: float | None, max_rss_mb: float | None = None,
               headroom: float = 0.2) -> tuple[Row | None, str]:
     """The highest-throughput row meeting the P95 SLO, the error limit and the memory budget.
 
@@ -50,7 +50,7 @@ def recommend(rows: Sequence[Row], slo_p95_ms: float | None, memory_budget_mb: f
     """
     if not rows:
         return None, "No sweep rows to choose from."
-    rss_limit = memory_budget_mb * (1 - headroom) if memory_budget_mb is not None else None
+    rss_limit = max_rss_mb * (1 - headroom) if max_rss_mb is not None else None
     checks = {
         "errors": _error_rate_ok,
         "slo": lambda r: meets(r["p95_ms"], slo_p95_ms),
@@ -61,23 +61,23 @@ def recommend(rows: Sequence[Row], slo_p95_ms: float | None, memory_budget_mb: f
     if not candidates:
         return None, _why_none(rows, checks, slo_p95_ms, rss_limit)
     best = max(candidates, key=lambda r: (r["throughput_rps"], -r["p95_ms"]))
-    return best, _why_best(best, len(candidates), len(rows), slo_p95_ms, memory_budget_mb, rss_limit)
+    return best, _why_best(best, len(candidates), len(rows), slo_p95_ms, max_rss_mb, rss_limit)
 
 
-def _constraints_text(slo_p95_ms: float | None, memory_budget_mb: float | None, rss_limit: float | None) -> str:
+def _constraints_text(slo_p95_ms: float | None, max_rss_mb: float | None, rss_limit: float | None) -> str:
     parts = [f"P95 <= {slo_p95_ms:g} ms"] if slo_p95_ms is not None else []
     parts.append(f"errors <= {MAX_ERROR_RATE:.0%} of requests")
     if rss_limit is not None:
-        parts.append(f"peak RSS <= {rss_limit:.0f} MB ({rss_limit / memory_budget_mb:.0%} of the {memory_budget_mb:g} "
+        parts.append(f"peak RSS <= {rss_limit:.0f} MB ({rss_limit / max_rss_mb:.0%} of the {max_rss_mb:g} "
                      "MB budget)")
     return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
 
 
-def _why_best(best: Row, n_ok: int, n_rows: int, slo_p95_ms: float | None, memory_budget_mb: float | None,
+def _why_best(best: Row, n_ok: int, n_rows: int, slo_p95_ms: float | None, max_rss_mb: float | None,
               rss_limit: float | None) -> str:
     head = (f"Recommended: {_setting(best)}: {best['throughput_rps']:.0f} req/s at P95 {best['p95_ms']:.1f} ms, "
             f"the highest throughput of the {n_ok} of {n_rows} settings with "
-            f"{_constraints_text(slo_p95_ms, memory_budget_mb, rss_limit)}.")
+            f"{_constraints_text(slo_p95_ms, max_rss_mb, rss_limit)}.")
     if slo_p95_ms is None:
         head += " No P95 SLO was given, so latency did not limit the choice."
     return head
@@ -92,7 +92,7 @@ def _why_none(rows: Sequence[Row], checks: dict, slo_p95_ms: float | None, rss_l
     if not any(checks["errors"](r) for r in rows):
         reasons.append(f"every setting failed more than {MAX_ERROR_RATE:.0%} of its requests")
     if rss_limit is not None and not any(checks["memory"](r) for r in rows):
-        reasons.append(f"every setting used more than {rss_limit:.0f} MB peak RSS (budget less headroom)")
+        reasons.append(f"every setting used more than {rss_limit:.0f} MB peak RSS (the limit less headroom)")
     if not reasons:  # each constraint alone is met by some row, but never all by the same one
         reasons.append("no single setting meets the P95 SLO, the error limit and the memory budget together")
     return "No setting qualifies: " + "; ".join(reasons) + "."
@@ -142,13 +142,13 @@ def _json_safe(value):
 
 
 def sweep_json(rows: Sequence[Row], recommended: Row | None, reason: str, slo_p95_ms: float | None,
-               memory_budget_mb: float | None, headroom: float) -> str:
+               max_rss_mb: float | None, headroom: float) -> str:
     index = _index_of(rows, recommended)
     rec = {"row": index, "reason": reason,
            "max_batch_size": recommended["max_batch_size"] if recommended else None,
            "max_queue_delay_us": recommended["max_queue_delay_us"] if recommended else None}
     doc = {"rows": list(rows), "recommendation": rec, "slo_p95_ms": slo_p95_ms,
-           "memory_budget_mb": memory_budget_mb, "headroom": headroom}
+           "max_rss_mb": max_rss_mb, "headroom": headroom}
     return json.dumps(_json_safe(doc), indent=2, allow_nan=False) + "\n"
 
 
@@ -191,10 +191,10 @@ def markdown_table(rows: Sequence[Row], recommended: Row | None) -> str:
 
 
 def report_markdown(rows: Sequence[Row], recommended: Row | None, reason: str, title: str, load: str,
-                    slo_p95_ms: float | None, memory_budget_mb: float | None, headroom: float) -> str:
+                    slo_p95_ms: float | None, max_rss_mb: float | None, headroom: float) -> str:
     limits = f"P95 SLO: {f'{slo_p95_ms:g} ms' if slo_p95_ms is not None else 'none'}"
-    if memory_budget_mb is not None:
-        limits += f"; memory budget: {memory_budget_mb:g} MB with {headroom:.0%} headroom"
+    if max_rss_mb is not None:
+        limits += f"; peak RSS limit: {max_rss_mb:g} MB with {headroom:.0%} headroom"
     parts = [f"# {title}", f"Load: {load}" if load else "Load: (not described)", limits,
              "## Results", markdown_table(rows, recommended), "## Recommendation", reason, "## Plots"]
     captions = {"throughput.png": "Throughput vs max batch size",
@@ -357,7 +357,7 @@ def _check_rows(rows: Sequence[Row]) -> None:
 
 
 def write_sweep_report(rows: Sequence[Row], out_dir: Path, slo_p95_ms: float | None = None,
-                       memory_budget_mb: float | None = None, title: str = "Batch-size sweep", load: str = "",
+                       max_rss_mb: float | None = None, title: str = "Batch-size sweep", load: str = "",
                        headroom: float = 0.2) -> dict[str, Path]:
     """Write sweep.csv, sweep.json, the four plots and report.md into out_dir; returns {file name: path}.
 
@@ -365,15 +365,15 @@ def write_sweep_report(rows: Sequence[Row], out_dir: Path, slo_p95_ms: float | N
     rendering leaves out_dir untouched and no file is ever half written.
     """
     _check_rows(rows)
-    recommended, reason = recommend(rows, slo_p95_ms, memory_budget_mb, headroom)
+    recommended, reason = recommend(rows, slo_p95_ms, max_rss_mb, headroom)
     contents: dict[str, bytes] = {
         "sweep.csv": sweep_csv(rows, recommended).encode(),
-        "sweep.json": sweep_json(rows, recommended, reason, slo_p95_ms, memory_budget_mb, headroom).encode(),
+        "sweep.json": sweep_json(rows, recommended, reason, slo_p95_ms, max_rss_mb, headroom).encode(),
         "throughput.png": plot_throughput(rows, recommended, title),
         "latency.png": plot_latency(rows, recommended, slo_p95_ms, title),
         "decomposition.png": plot_decomposition(rows, title),
         "batch_histograms.png": plot_batch_histograms(rows, recommended, title),
-        "report.md": report_markdown(rows, recommended, reason, title, load, slo_p95_ms, memory_budget_mb,
+        "report.md": report_markdown(rows, recommended, reason, title, load, slo_p95_ms, max_rss_mb,
                                      headroom).encode(),
     }
     out_dir = Path(out_dir)

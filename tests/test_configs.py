@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tests.conftest import SERVED_SPEC, tritonkit, write_spec

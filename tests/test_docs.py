@@ -196,3 +196,15 @@ def test_the_readme_is_a_guide_not_a_log():
     assert not re.search(r"\b[0-9a-f]{7}\b.*commit|commit `[0-9a-f]{7}`|\b\d{1,2}:\d{2}\b", readme)
     for page in PAGES:
         assert not re.search(r"commit `?[0-9a-f]{7}", page.read_text()), page_id(page)
+
+
+def test_the_support_page_is_the_support_table():
+    """docs/support.md lists exactly the releases tritonkit/support.py supports, with the same
+    Triton and TensorRT versions and the Jetson image of each."""
+    from tritonkit.support import LAST_IGPU, RELEASES
+
+    page = (REPO_ROOT / "docs" / "support.md").read_text()
+    rows = re.findall(r"^\| (\d\d\.\d\d) \| ([\d.]+) \| ([^|]+) \|[^\n]*\| ([^|]+) \|$", page, re.M)
+    assert [(r.release, r.triton, r.tensorrt or "from the build image",
+             "`-py3-igpu` (arm64)" if r.release <= LAST_IGPU else "`-py3` (SBSA, arm64)") for r in RELEASES] == \
+        [(a, b, c.strip(), d.strip()) for a, b, c, d in rows]

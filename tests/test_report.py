@@ -83,16 +83,16 @@ def test_none_when_no_row_meets_slo(rows):
 
 def test_memory_budget_keeps_headroom(rows):
     # RSS is 300 + 6*B MB. Budget 450 MB with 20% headroom allows 360 MB: B=16 (396 MB) is out, B=8 (348 MB) in.
-    best, why = recommend(rows, slo_p95_ms=20.0, memory_budget_mb=450)
+    best, why = recommend(rows, slo_p95_ms=20.0, max_rss_mb=450)
     assert best["max_batch_size"] == 8
     assert all(r["peak_rss_mb"] > 360 for r in rows if r["throughput_rps"] > best["throughput_rps"])
     assert "360 MB" in why
-    best_no_headroom, _ = recommend(rows, slo_p95_ms=20.0, memory_budget_mb=450, headroom=0.0)
+    best_no_headroom, _ = recommend(rows, slo_p95_ms=20.0, max_rss_mb=450, headroom=0.0)
     assert best_no_headroom["max_batch_size"] == 16
 
 
 def test_memory_budget_excluding_everything_says_so(rows):
-    best, why = recommend(rows, slo_p95_ms=None, memory_budget_mb=100)
+    best, why = recommend(rows, slo_p95_ms=None, max_rss_mb=100)
     assert best is None and "peak RSS" in why
 
 
@@ -129,7 +129,7 @@ def assert_png(path):
 
 
 def test_report_files(rows, tmp_path):
-    paths = write_sweep_report(rows, tmp_path / "out", slo_p95_ms=20.0, memory_budget_mb=1000,
+    paths = write_sweep_report(rows, tmp_path / "out", slo_p95_ms=20.0, max_rss_mb=1000,
                                title="edge_mlp sweep", load="2000 requests, 32 concurrent, closed loop")
     expected = {"sweep.csv", "sweep.json", *report.PLOTS, "report.md"}
     assert set(paths) == expected

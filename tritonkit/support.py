@@ -67,8 +67,6 @@ RELEASES = tuple(Release(*row) for row in (
 ))
 BY_RELEASE = {r.release: r for r in RELEASES}
 LAST_IGPU = "26.02"  # the last release with a -py3-igpu image; Jetson runs the SBSA image after it
-# perf_analyzer ships in the tritonclient wheel up to 2.60 (25.08); the kit image carries it from there.
-LAST_WHEEL_PERF_ANALYZER = "25.08"
 
 
 @dataclass(frozen=True)

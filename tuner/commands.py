@@ -29,6 +29,9 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     load = load_from(a)
     sizes = powers_of_two(a.max_batch)
     if a.url:  # a server the kit did not start: its rows on a shadow copy, like `tune --url`
+        if a.max_rss_mb is not None:
+            raise InputError([flag_problem("--max-rss-mb", "a running server's memory is not this machine's to "
+                                                           "read: drop it with --url")])
         spec = load_spec(a.spec, None, check_onnx=False)
         if spec.pipeline(a.model) is not None:
             raise InputError([flag_problem("--url", f"{a.model} is a pipeline: a pipeline's sweep runs on the "
@@ -48,7 +51,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     with serve_configured(spec, a.repo, a.state_dir, models=[a.model], ports=FREE_PORTS, log=say) as r:
         say(f"sweep over max batch sizes {sizes}: {load.describe()}")
         files = sweep(r, spec, a.repo, a.model, load, a.out, batch_sizes=sizes, delays_us=a.delay_us,
-                      input_data=a.input_data, log=say)
+                      input_data=a.input_data, max_rss_mb=a.max_rss_mb, log=say)
     say(f"report: {files['report.md']}")
     return 0
 
@@ -185,6 +188,8 @@ def register(sub) -> None:
     load_args(sp, "out/sweep")
     sp.add_argument("--max-batch", type=int, default=MAX_BATCH)
     sp.add_argument("--delay-us", type=int, action="append", help="queue delays to sweep (repeatable)")
+    sp.add_argument("--max-rss-mb", type=float, help="recommend only settings whose server peak RSS (stubs "
+                                                     "included) stays under this, less 20%% headroom (local only)")
     sp.add_argument("--url", help="sweep a running Triton the kit did not start (gRPC HOST:PORT), through its "
                                   "repository API, on a shadow copy of the model (files from --repo)")
     sp.add_argument("--in-place", action="store_true", help="with --url: sweep the served model itself, not a "

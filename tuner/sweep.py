@@ -85,15 +85,17 @@ def row_from(result: dict, max_batch: int, delay_us: int, peak_mb: float | None)
 
 def sweep(r: Running, spec: Spec, repo: Path, model: str, load: Load, out_dir: Path, *,
           batch_sizes: list[int] | None = None, delays_us: list[int] | None = None,
-          classes: list[RequestClass] | None = None,
-          input_data: Path | None = None, log: Callable[[str], None] = print) -> dict[str, Path]:
+          classes: list[RequestClass] | None = None, input_data: Path | None = None,
+          max_rss_mb: float | None = None, log: Callable[[str], None] = print) -> dict[str, Path]:
+    """`max_rss_mb`: the server's peak RSS a recommended setting may reach (the whole process, its
+    stubs included; not `memory_budget_mb`, which bounds the model's own memory in the plan)."""
     if spec.pipeline(model) is not None:
         return sweep_pipeline(r, spec, repo, model, load, out_dir, batch_sizes=batch_sizes, delays_us=delays_us,
                               classes=classes, input_data=input_data, log=log)
     live = LiveConfig(Served(r), spec, repo, model)  # last-known-good: the spec's own config
     return _sweep(live, spec, model, load, out_dir, url=r.endpoints.grpc, metrics=r.endpoints.metrics,
                   pid=r.server.proc.pid, batch_sizes=batch_sizes, delays_us=delays_us, classes=classes,
-                  input_data=input_data, log=log)
+                  input_data=input_data, max_rss_mb=max_rss_mb, log=log)
 
 
 def sweep_remote(url: str, spec: Spec, repo: Path | None, model: str, load: Load, out_dir: Path, *,
@@ -112,7 +114,8 @@ def sweep_remote(url: str, spec: Spec, repo: Path | None, model: str, load: Load
 
 def _sweep(live: LiveConfig, spec: Spec, model: str, load: Load, out_dir: Path, *, url: str, metrics: str | None,
            pid: int | None, batch_sizes: list[int] | None, delays_us: list[int] | None,
-           classes: list[RequestClass] | None, input_data: Path | None, log: Callable[[str], None]) -> dict[str, Path]:
+           classes: list[RequestClass] | None, input_data: Path | None, log: Callable[[str], None],
+           max_rss_mb: float | None = None) -> dict[str, Path]:
     rows = []
     m = spec.model(model)
     preferred = m.batching.preferred_batch_sizes
@@ -133,7 +136,7 @@ def _sweep(live: LiveConfig, spec: Spec, model: str, load: Load, out_dir: Path, 
                 f"{row['throughput_rps']:7.1f} req/s  P95 {row['p95_ms']:7.2f} ms{memory}{note}")
     finally:
         live.restore(restart=False)  # back to what the spec (or the server) had
-    return write_sweep_report(rows, out_dir, slo_p95_ms=m.slo.p95_ms, memory_budget_mb=m.memory_budget_mb,
+    return write_sweep_report(rows, out_dir, slo_p95_ms=m.slo.p95_ms, max_rss_mb=max_rss_mb,
                               title=f"Batch-size sweep: {model}",
                               load=f"{load.describe()}; {load.warmup_s:g} s warm-up, {load.duration_s:g} s steady")
 
