@@ -42,7 +42,8 @@ def describe(values: dict, target: Target) -> list[str]:
     lines = [f"kubectl {' '.join(c.command)}: {c.what}" for c in checks(values)]
     if values.get("gpu", {}).get("count", 0):
         lines.append(f"some node matching nodeSelector offers {values['gpu']['count']} {_gpu_resource(values)}")
-    lines.append(f"some such node is {', '.join(target.image_arches)} (the images' architectures)")
+    lines.append(f"some such node is {target.arch} (deploy.platform {target.platform}; the images are "
+                 f"{', '.join(target.image_arches)})")
     if target.release.min_driver and target.platform != "jetson":  # JetPack carries Jetson's driver
         lines.append(f"its NVIDIA driver is {target.release.min_driver} or newer (label {GPU_DRIVER_LABEL})")
     if values.get("engines", {}).get("source") == "hostPath":
@@ -96,10 +97,10 @@ def run(values: dict, target: Target, *, kubectl: str | None = None, context: st
         else:
             fit = with_gpu
     arches = sorted({n["status"].get("nodeInfo", {}).get("architecture", "?") for n in fit})
-    if not set(arches) & set(target.image_arches):
-        findings.append(f"the nodes are {', '.join(arches)}, the images ({target.server_image}) are "
-                        f"{', '.join(target.image_arches)}: set deploy.platform to the node's "
-                        f"({'x86' if 'amd64' in arches else 'sbsa or jetson'})")
+    if target.arch not in arches:  # the platform names the node's CPU (and which images serve it)
+        findings.append(f"the nodes are {', '.join(arches)}, deploy.platform {target.platform} is {target.arch} "
+                        f"(images {target.server_image}: {', '.join(target.image_arches)}): set deploy.platform "
+                        f"to the node's ({'x86' if 'amd64' in arches else 'sbsa or jetson'})")
     drivers = [int(v) for n in fit if (v := n["metadata"].get("labels", {}).get(GPU_DRIVER_LABEL, "")).isdigit()]
     needs = target.release.min_driver if target.platform != "jetson" else None  # JetPack carries Jetson's
     if gpus and needs and drivers and max(drivers) < needs:
