@@ -54,7 +54,7 @@ def run_mix_bench(out_dir: Path, *, engine: str = "perf_analyzer", max_trials: i
     sets = {"alone": alone, "joint": joint.best}
     load = Load(rate=1.0, duration_s=5.0, warmup_s=1.0, drain_s=2.0)
     with mix_box(spec, folder / "repo", folder / "state", entries, log) as box:
-        search = MixSearch(box, entries, max_trials=10**6, margin=0.0, max_errors=ERROR_BOUND, load=load, log=log)
+        search = MixSearch(box, entries, max_trials=10**6, load=load, log=log)
         top = max(joint.scale, joint.start_scale, 0.1) * START_ABOVE
         log(f"==== the judge: both sets from x{top:.2f} down in {JUDGE_STEP - 1:.0%} steps, {rounds} rounds")
         def measure(name: str, scale: float) -> Run:
@@ -76,7 +76,7 @@ def run_mix_bench(out_dir: Path, *, engine: str = "perf_analyzer", max_trials: i
                 tests[name].append(pooled_figures([run], entries))
     result = {
         "schema": SCHEMA, "kind": "bench/mix", "traffic": spec.traffic,
-        "slos": {e.name: e.slo_ms for e in entries}, "engine": engine,
+        "slos": {e.name: e.slo.p95_ms for e in entries}, "engine": engine,
         "alone": {"configs": {m: k.to_json() for m, k in alone.items()}, "search_s": alone_s,
                   "served_together_scale": round(joint.start_scale, 3)},
         "joint": {"configs": {m: k.to_json() for m, k in joint.best.items()}, "scale": round(joint.scale, 3),

@@ -108,8 +108,7 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
         server.start()
         try:
             def trials() -> Trials:
-                return Trials(server, spec, repo, model, target_p95_ms=objective.target_p95_ms,
-                              max_error_ratio=objective.max_error_ratio, window=window, log=log)
+                return Trials(server, spec, repo, model, slo=objective, window=window, log=log)
 
             points = grid(powers_of_two(bound))
             log(f"==== the grid: {len(points)} configs")
@@ -147,7 +146,7 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
             server.close()
     log(f"==== both winners judged in {rounds} rounds by perf_analyzer, side by side")
     entrants = [Entrant(name, s.knobs.model(spec.model(model)), claim_rps=s.rate) for name, s in sides.items() if s]
-    judged = final_judge(spec, model, entrants, Path(out_dir) / "judge", p95_ms=objective.slo_p95_ms,
+    judged = final_judge(spec, model, entrants, Path(out_dir) / "judge", p95_ms=objective.p95_ms,
                          max_errors=objective.max_error_ratio, rounds=rounds, log=log) if entrants else None
     scored = judged["entrants"] if judged else {}
     figures_of = {name: scored[name]["rounds_rps"] if name in scored else [] for name in sides}

@@ -1075,17 +1075,19 @@ class SimulatedMix:
     estimate at its rate, stretched by the cores the other model's executions take."""
 
     def __init__(self):
+        from tritonkit.slo import Slo
         from tritonkit.tuner.mix import Entry
 
         self.costs = {"heavy": CostModel(4.0, 1.0), "light": CostModel(0.5, 0.05)}
-        self.entries = [Entry("heavy", 60.0, 60.0, ("heavy",)), Entry("light", 400.0, 5.0, ("light",))]
+        self.entries = [Entry("heavy", 60.0, Slo(60.0, margin=0.1), ("heavy",)),
+                        Entry("light", 400.0, Slo(5.0, margin=0.1), ("light",))]
 
     def cores_used(self, model: str, k: Knobs, rate: float) -> float:
         cm = self.costs[model]
         b = max(1, min(k.items, math.ceil(rate * (k.delay_us / 1e6 + cm.t_ms(k.items) / 1e3))))
         return rate / b * cm.t_ms(b) / 1e3
 
-    def run(self, n: int, phase: str, scale: float, configs: dict, margin: float):
+    def run(self, n: int, phase: str, scale: float, configs: dict):
         from tritonkit.tuner.mix import MixRun
 
         figures, latencies, ratio, held = {}, {}, {}, True
@@ -1096,10 +1098,10 @@ class SimulatedMix:
             p95 = self.costs[e.name].p95_ms(k.items, k.delay_us, rate, k.instances) / max(0.05, 1 - others / 2)
             p95 = None if math.isinf(p95) else round(p95, 3)
             figures[e.name] = {"rps": rate, "ok_rps": rate, "requests": 100, "p95_ms": p95, "error_ratio": 0.0,
-                               "slo_ms": e.slo_ms}
+                               "slo_ms": e.slo.p95_ms}
             latencies[e.name] = [] if p95 is None else [p95 * i / 95 for i in range(1, 101)]
-            held &= p95 is not None and p95 <= e.slo_ms * (1 - margin)
-            ratio[e.name] = (p95 or math.inf) / e.slo_ms
+            held &= e.slo.passes(p95, 0.0)
+            ratio[e.name] = (p95 or math.inf) / e.slo.p95_ms
         return MixRun(n, phase, scale, {m: k.label() for m, k in configs.items()}, figures, held,
                       max(ratio, key=ratio.get), latencies)
 
@@ -1114,11 +1116,11 @@ def test_joint_tuning_moves_the_bottleneck_first_and_beats_the_configs_tuned_alo
 
     class WorldBox:  # MixBox's one call, answered by the simulated box
         @staticmethod
-        def run(n, phase, scale, configs, entries, load, margin, max_errors):
-            return world.run(n, phase, scale, configs, margin)
+        def run(n, phase, scale, configs, entries, load):
+            return world.run(n, phase, scale, configs)
 
-    search = MixSearch(WorldBox(), world.entries, max_trials=40, margin=0.1, max_errors=0.01,
-                       load=Load(rate=1.0, duration_s=3), bounds={"heavy": 16, "light": 16}, log=lambda s: None)
+    search = MixSearch(WorldBox(), world.entries, max_trials=40, load=Load(rate=1.0, duration_s=3),
+                       bounds={"heavy": 16, "light": 16}, log=lambda s: None)
     start = {"heavy": Knobs(1, 0, 1), "light": Knobs(1, 0, 2)}
     t = search.run(start)
     assert t.start_scale > 0 and t.confirmed and t.scale > t.start_scale * RULES.rate_step

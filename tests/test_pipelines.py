@@ -170,7 +170,7 @@ def test_deploy_ships_the_pipeline(tmp_path, pipeline_onnx):
     assert p.returncode == 0, p.stderr
     docs = [d for d in yaml.safe_load_all((tmp_path / "o" / "manifests.yaml").read_text()) if d]
     assert schema_problems(docs) == [] and policy_problems(docs) == []
-    cm = one(docs, "ConfigMap")
+    cm = one(docs, "ConfigMap", "triton-edge-model-configs")  # beside the node build's ConfigMap
     assert 'platform: "ensemble"' in cm["data"]["camera.config.pbtxt"]
     t = one(docs, "Deployment")
     args = container(t, "triton")["args"]

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Protocol
 
 from tritonkit.server_traits import ServerTraits
-from tritonkit.slo import meets
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs
 from tritonkit.tuner.ladder import down_from
@@ -54,7 +53,7 @@ def protect_and_confirm(search: Search, tuning: Tuning, cm: CostModel) -> None:
             candidates.insert(0, protected)
         if tuning.policy_note:
             search.log(f"   {tuning.policy_note}")
-    search.log(f"== confirm: three runs, pooled, must meet the SLO itself ({search.obj.slo_p95_ms:g} ms); "
+    search.log(f"== confirm: three runs, pooled, must meet the SLO itself ({search.obj.p95_ms:g} ms); "
                "pass/fail below is each run's against the search's target")
     # down the ladder as far as the trials left allow: a box that slowed after the search may
     # hold only several rungs down, and trials kept for the end are worth spending on it
@@ -99,7 +98,7 @@ def lower_and_confirm(search: Search, tuning: Tuning) -> None:
 def _protected(search: Search, tuning: Tuning, k: Knobs, cm: CostModel, capacity: float) -> Knobs | None:
     """The winner with a protective policy that held at every overload factor, or None (and why)."""
     b = search.t.spec.model(search.t.model).batching
-    budget = Budget(search.obj.slo_p95_ms, cm.t_ms(k.items), measured_overhead_ms(search.t.trials))
+    budget = Budget(search.obj.p95_ms, cm.t_ms(k.items), measured_overhead_ms(search.t.trials))
     candidate, why = protect(k, b, budget, capacity, search.traits, search.rules)
     search.log(f"== queue policy for the winner: {why}")
     if candidate is None:
@@ -114,7 +113,7 @@ def _protected(search: Search, tuning: Tuning, k: Knobs, cm: CostModel, capacity
         for factor in search.rules.overload_factors:
             check = search.t.run(attempt, search.t.open_load(factor * capacity), "overload", classes_for(b))
             tuning.overload.append(check)
-            held = overload_holds(check, capacity, search.obj.slo_p95_ms, search.rules.overload_goodput)
+            held = overload_holds(check, capacity, search.obj.p95_ms, search.rules.overload_goodput)
             if not held:
                 break
         if held:
@@ -128,7 +127,7 @@ def _protected(search: Search, tuning: Tuning, k: Knobs, cm: CostModel, capacity
     tuning.policy_note = (f"the protective queue policy failed its overload check: at {o.rate:.0f} req/s "
                           f"{o.ok_rps:.0f} req/s served at P95 {p95} ms, against "
                           f"{search.rules.overload_goodput:.0%} of "
-                          f"{capacity:.0f} req/s within {search.obj.slo_p95_ms:g} ms; the winner is written "
+                          f"{capacity:.0f} req/s within {search.obj.p95_ms:g} ms; the winner is written "
                           f"without it")
     return None
 
@@ -177,11 +176,10 @@ def confirmation_verdict(runs: list[Trial], objective: Objective, rules: Rules =
     against `rules.error_margin` of the bound (refusals come in bursts, so three short runs within
     the whole bound promise less than a long load test meets). Without pooling,
     the majority of the runs, each against the SLO."""
-    max_errors = objective.max_error_ratio * rules.error_margin
     if not rules.pooled:
-        return majority([meets(t.p95_ms, objective.slo_p95_ms, t.error_ratio, max_errors) for t in runs], rules) \
+        return majority([objective.holds(t.p95_ms, t.error_ratio, rules.error_margin) for t in runs], rules) \
             if runs else None
-    return pooled_verdict(runs, objective.slo_p95_ms, max_errors, rules)
+    return pooled_verdict(runs, objective.p95_ms, objective.max_error_ratio * rules.error_margin, rules)
 
 
 def pairs_text(pairs: list[tuple[float, float]]) -> str:

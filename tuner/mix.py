@@ -38,7 +38,7 @@ from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, Outcome, run_figures
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.serving import Running, running
-from tritonkit.slo import ERROR_BOUND, meets
+from tritonkit.slo import ERROR_BOUND, Slo
 from tritonkit.spec import Spec
 from tritonkit.tuner import outputs
 from tritonkit.tuner.apply import LiveConfig, Models, Served
@@ -59,12 +59,16 @@ class Entry:
 
     name: str
     rps: float
-    slo_ms: float
+    slo: Slo  # its own P95, with the search's margin and error bound
     models: tuple[str, ...]
 
+    def to_json(self) -> dict:
+        return {"name": self.name, "rps": self.rps, "slo_ms": self.slo.p95_ms, "models": list(self.models)}
 
-def entries_of(spec: Spec) -> list[Entry]:
-    """The spec's traffic mix, each entry with its SLO; every problem named with its field."""
+
+def entries_of(spec: Spec, margin: float = 0.0, max_errors: float = ERROR_BOUND) -> list[Entry]:
+    """The spec's traffic mix, each entry with its SLO (and the search's `margin` and error bound);
+    every problem named with its field."""
     if not spec.traffic:
         raise InputError([Problem(spec.shown, "traffic", "no traffic mix to tune for",
                                   "add `traffic:` with requests per second per model or pipeline, e.g. "
@@ -78,7 +82,7 @@ def entries_of(spec: Spec) -> list[Entry]:
             problems.append(Problem(spec.shown, at, f"{name} is in the traffic mix without a P95 SLO",
                                     "set its slo.p95_ms: joint tuning holds every entry to its own"))
             continue
-        out.append(Entry(name, rps, slo, tuple(spec.steps_of(name))))
+        out.append(Entry(name, rps, Slo(slo, margin, max_errors), tuple(spec.steps_of(name))))
     if problems:
         raise InputError(problems)
     return out
@@ -113,7 +117,7 @@ def send_mix(url: str, entries: list[Entry], scale: float, load: Load) -> dict[s
 
 
 def judge_run(n: int, phase: str, scale: float, configs: Configs, entries: list[Entry],
-              sent: dict[str, tuple[Load, Outcome]], margin: float, max_errors: float) -> MixRun:
+              sent: dict[str, tuple[Load, Outcome]]) -> MixRun:
     figures, latencies, ratio = {}, {}, {}
     held = True
     for e in entries:
@@ -121,10 +125,10 @@ def judge_run(n: int, phase: str, scale: float, configs: Configs, entries: list[
         f = run_figures(load, out)
         figures[e.name] = {"rps": round(load.rate, 1), "ok_rps": round(f.ok_rps, 1),
                            "requests": f.requests, "p95_ms": None if f.p95_ms is None else round(f.p95_ms, 3),
-                           "error_ratio": round(f.error_ratio, 4), "slo_ms": e.slo_ms}
+                           "error_ratio": round(f.error_ratio, 4), "slo_ms": e.slo.p95_ms}
         latencies[e.name] = f.ok_ms
-        held &= f.holds(e.slo_ms * (1 - margin), max_errors)
-        ratio[e.name] = (f.p95_ms or float("inf")) / e.slo_ms + (f.error_ratio > max_errors)
+        held &= e.slo.passes(f.p95_ms, f.error_ratio)
+        ratio[e.name] = (f.p95_ms or float("inf")) / e.slo.p95_ms + (f.error_ratio > e.slo.max_error_ratio)
     worst = max(ratio, key=ratio.get) if ratio else None
     return MixRun(n, phase, scale, {m: k.label() for m, k in configs.items()}, figures, held, worst, latencies)
 
@@ -154,14 +158,13 @@ class MixBox:
     def keep(self) -> None:
         self.live.keep()
 
-    def run(self, n: int, phase: str, scale: float, configs: Configs, entries: list[Entry], load: Load,
-            margin: float, max_errors: float) -> MixRun:
+    def run(self, n: int, phase: str, scale: float, configs: Configs, entries: list[Entry], load: Load) -> MixRun:
         """`configs` in force, the mix sent at `scale`, and the run judged; a refused config is a run
         that holds nothing (the last good configs serve again)."""
         if self.apply(configs):
             return MixRun(n, phase, scale, {m: k.label() for m, k in configs.items()}, {}, False, None)
         sent = send_mix(self.r.endpoints.grpc, entries, scale, load)
-        run = judge_run(n, phase, scale, configs, entries, sent, margin, max_errors)
+        run = judge_run(n, phase, scale, configs, entries, sent)
         self.keep()
         return run
 
@@ -181,11 +184,9 @@ class MixSearch:
     """`box` puts configs in force and measures the mix (`MixBox.run`); `bounds`: each model's
     largest max batch (default: the box's spec, by the memory plan)."""
 
-    def __init__(self, box: MixBox, entries: list[Entry], *, max_trials: int, margin: float, max_errors: float,
-                 load: Load, rules: Rules = RULES, bounds: dict[str, int] | None = None,
-                 log: Callable[[str], None] = print):
-        self.box, self.entries, self.max_trials, self.margin, self.max_errors = box, entries, max_trials, margin, \
-            max_errors
+    def __init__(self, box: MixBox, entries: list[Entry], *, max_trials: int, load: Load, rules: Rules = RULES,
+                 bounds: dict[str, int] | None = None, log: Callable[[str], None] = print):
+        self.box, self.entries, self.max_trials = box, entries, max_trials
         self.load, self.rules, self.log = load, rules, log
         self.runs: list[MixRun] = []
         self.bounds = bounds or {m: max(1, max_batch_bound(box.spec, m)) if box.spec.model(m).max_batch_size else 0
@@ -197,8 +198,7 @@ class MixSearch:
         return self.max_trials - len(self.runs) - 2 * self.rules.runs
 
     def measure(self, configs: Configs, scale: float, phase: str) -> MixRun:
-        run = self.box.run(len(self.runs) + 1, phase, scale, configs, self.entries, self.load, self.margin,
-                           self.max_errors)
+        run = self.box.run(len(self.runs) + 1, phase, scale, configs, self.entries, self.load)
         self.runs.append(run)
         shown = ", ".join(f"{n} {_ms(f['p95_ms'])}/{f['slo_ms']:g} ms" + (f" err {f['error_ratio']:.1%}"
                                                                          if f["error_ratio"] else "")
@@ -303,8 +303,8 @@ class MixSearch:
         def holds(x: float) -> bool:
             runs = [self.measure(tuning.best, x, "confirm") for _ in range(self.rules.runs)]
             pooled = pooled_figures(runs, self.entries)
-            if all(meets(f["p95_ms"], f["slo_ms"], f["error_ratio"], self.max_errors * self.rules.error_margin)
-                   for f in pooled.values()):
+            if all(e.slo.holds(pooled[e.name]["p95_ms"], pooled[e.name]["error_ratio"], self.rules.error_margin)
+                   for e in self.entries):
                 tuning.scale, tuning.confirmed, tuning.confirmation = x, True, pooled
                 return True
             return False
@@ -321,7 +321,7 @@ def pooled_figures(runs: list[MixRun], entries: list[Entry]) -> dict[str, dict]:
         p = pool((lat, f["requests"], f["error_ratio"]) for lat, f in mine)
         out[e.name] = {"p95_ms": p.percentile(95), "error_ratio": round(p.error_ratio, 4), "requests": p.requests,
                        "ok_rps": round(statistics.mean(f["ok_rps"] for _, f in mine), 1) if p.requests else 0.0,
-                       "slo_ms": e.slo_ms}
+                       "slo_ms": e.slo.p95_ms}
     return out
 
 
@@ -357,20 +357,19 @@ def tune_mix(spec: Spec, repo: Path, state_dir: Path, out_dir: Path, *, start: C
              log: Callable[[str], None] = print) -> tuple[MixTuning, list[MixRun], float]:
     """The spec's traffic mix tuned together (module doc); with `write_decision`, a confirmed
     tuning's configs go into tuned.yaml, every model's."""
-    entries = entries_of(spec)
+    entries = entries_of(spec, rules.slo_margin, max_errors)
     load = load or Load(rate=1.0, duration_s=rules.mix_run_s, warmup_s=1.0, drain_s=2.0)
     t0 = time.perf_counter()
-    log("traffic mix: " + ", ".join(f"{e.name} {e.rps:g} req/s (P95 <= {e.slo_ms:g} ms)" for e in entries))
+    log("traffic mix: " + ", ".join(f"{e.name} {e.rps:g} req/s (P95 <= {e.slo.p95_ms:g} ms)" for e in entries))
     with mix_box(spec, repo, state_dir, entries, log) as box:
         with box.r.client() as c:
             about = {"url": box.r.endpoints.grpc, "started_by": "the kit's bundled server",
                      "version": c.server_version(), "backend": "python"}
-        search = MixSearch(box, entries, max_trials=max_trials, margin=rules.slo_margin, max_errors=max_errors,
-                           load=load, rules=rules, log=log)
+        search = MixSearch(box, entries, max_trials=max_trials, load=load, rules=rules, log=log)
         tuning = search.run(start or start_configs(spec, entries))
     seconds = time.perf_counter() - t0
     write_bytes_atomic(Path(out_dir) / "mix.json", json.dumps({
-        "schema": SCHEMA, "kind": "tune/mix", "entries": [vars(e) for e in entries],
+        "schema": SCHEMA, "kind": "tune/mix", "entries": [e.to_json() for e in entries],
         "start": {m: k.to_json() for m, k in tuning.start.items()}, "start_scale": round(tuning.start_scale, 3),
         "best": {m: k.to_json() for m, k in tuning.best.items()}, "scale": round(tuning.scale, 3),
         "confirmed": tuning.confirmed, "confirmation": tuning.confirmation,

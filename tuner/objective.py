@@ -5,30 +5,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tritonkit.slo import ERROR_BOUND
+from tritonkit.slo import Slo
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs
 from tritonkit.tuner.trials import Trial
 
 
 @dataclass(frozen=True)
-class Objective:
-    slo_p95_ms: float
+class Objective(Slo):
+    """The SLO with its margin and error bound (`tritonkit.slo.Slo`), and what is maximised under it:
+    the sustained rate, or with `rps` the P95 at that rate."""
+
     rps: float | None = None  # None: maximise the sustained rate
-    max_error_ratio: float = ERROR_BOUND
-    margin: float = 0.0  # share of the SLO held back: every trial must meet `target_p95_ms`
 
     @property
     def kind(self) -> str:
         return "latency" if self.rps else "throughput"
 
-    @property
-    def target_p95_ms(self) -> float:
-        return self.slo_p95_ms * (1 - self.margin)
-
     def describe(self) -> str:
-        target = f"{self.target_p95_ms:g} ms (SLO {self.slo_p95_ms:g} ms less a {self.margin:.0%} margin)" \
-            if self.margin else f"{self.slo_p95_ms:g} ms"
+        target = f"{self.target_p95_ms:g} ms (SLO {self.p95_ms:g} ms less a {self.margin:.0%} margin)" \
+            if self.margin else f"{self.p95_ms:g} ms"
         if self.rps:
             return f"lowest P95 at {self.rps:g} req/s (P95 <= {target})"
         return f"highest sustained req/s with P95 <= {target} and errors <= {100 * self.max_error_ratio:g}%"

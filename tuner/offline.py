@@ -74,7 +74,7 @@ class Search(Rates):
     def calibrate(self) -> CostModel:
         self.calibration = c = calibrate(
             lambda k, clients: self.t.run(k, self.t.closed_load(clients, seconds=1.0), "calibrate"),
-            self.bound, self.obj.slo_p95_ms, self.rules, self.log)
+            self.bound, self.obj.p95_ms, self.rules, self.log)
         self.ceiling, self.reference, self.predicts = c.ceiling, c.reference, c.predicts
         return c.model
 

@@ -49,7 +49,7 @@ def describe_server(about: dict) -> str:
 def log_json(model: str, tuning: Tuning, trials: list[Trial], seconds: float, about: dict) -> dict:
     return {
         "schema": SCHEMA, "kind": "tuner/trials", "model": model, "server": about,
-        "objective": {"kind": tuning.objective.kind, "slo_p95_ms": tuning.objective.slo_p95_ms,
+        "objective": {"kind": tuning.objective.kind, "slo_p95_ms": tuning.objective.p95_ms,
                       "margin": tuning.objective.margin, "target_p95_ms": round(tuning.objective.target_p95_ms, 3),
                       "rps": tuning.objective.rps, "max_error_ratio": tuning.objective.max_error_ratio},
         "noise": {"p95_log_sd": tuning.noise_log_sd, "repeated_runs": tuning.noise_repeats},
@@ -117,7 +117,7 @@ def plot_trials(path: Path, trials: list[Trial], tuning: Tuning) -> None:
         pts = [(t.ok_rps, t.p95_ms) for t in trials if t.phase == phase and t.p95_ms is not None]
         if pts:
             ax.scatter(*zip(*pts), marker=marker, label=phase, alpha=0.75)
-    ax.axhline(tuning.objective.slo_p95_ms, color="red", linestyle="--", label="SLO P95")
+    ax.axhline(tuning.objective.p95_ms, color="red", linestyle="--", label="SLO P95")
     best = tuning.best.trial
     if best and best.p95_ms is not None:
         ax.scatter([best.ok_rps], [best.p95_ms], s=260, facecolors="none", edgecolors="black", linewidths=2,
@@ -178,7 +178,7 @@ def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial],
     o = tuning.objective
     if o.margin:
         lines += [f"Margin: every trial had to meet P95 <= {o.target_p95_ms:.3g} ms, the SLO less {o.margin:.0%}, "
-                  f"so that the written config still meets {o.slo_p95_ms:g} ms on a slower minute.", ""]
+                  f"so that the written config still meets {o.p95_ms:g} ms on a slower minute.", ""]
     if tuning.noise_log_sd is not None:
         lines += [f"Noise: the P95 of one config at one rate varied by {tuning.noise_log_sd:.0%} (log standard "
                   f"deviation) from run to run on this machine, from {tuning.noise_repeats} repeated runs; a "

@@ -24,9 +24,9 @@ def ranked(cm: CostModel, obj: Objective, bound: int, most_instances: int, rules
     for instances in range(1, most_instances + 1):
         for b in powers_of_two(bound) or [0]:  # 0: no batch axis
             rate = obj.rps or cm.rate_within(max(b, 1), 0, obj.target_p95_ms, instances)
-            k = Knobs(b, on_ladder(delay_for(cm, b, rate, obj.slo_p95_ms, instances), rules), instances)
+            k = Knobs(b, on_ladder(delay_for(cm, b, rate, obj.p95_ms, instances), rules), instances)
             p95 = predict_p95(cm, k, rate)
-            score = -p95 if obj.rps else (rate if p95 <= obj.slo_p95_ms else 0.0)
+            score = -p95 if obj.rps else (rate if p95 <= obj.p95_ms else 0.0)
             out.append((score, k))
     out.sort(key=lambda x: (-x[0], x[1].instances, x[1].max_batch))
     return out

@@ -48,7 +48,7 @@ def max_batch_bound(spec: Spec, model: str, limit: int | None = None) -> int:
 def objective_for(spec: Spec, model: str, p95_ms: float | None, rps: float | None,
                   max_error_ratio: float, rules: Rules = RULES) -> Objective:
     """What a tuning aims at: the SLO (the flag's, else the spec's) less `rules.slo_margin`."""
-    return Objective(slo_for(spec, model, p95_ms), rps, max_error_ratio, rules.slo_margin)
+    return Objective(slo_for(spec, model, p95_ms), margin=rules.slo_margin, max_error_ratio=max_error_ratio, rps=rps)
 
 
 def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: Path, *,
@@ -67,8 +67,8 @@ def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: P
         generate(spec, repo)
         server = LocalServer(spec, repo, state_dir, model, log)
         server.start()
-        trials = Trials(server, spec, repo, model, target_p95_ms=objective.target_p95_ms,
-                        max_error_ratio=objective.max_error_ratio, window=window or TrialWindow(), log=log,
+        trials = Trials(server, spec, repo, model, slo=objective,
+                        window=window or TrialWindow(), log=log,
                         input_data=input_data)
         with server.r.client() as c:
             about = {"url": server.url, "started_by": "the kit's bundled server", "version": c.server_version(),
@@ -109,8 +109,8 @@ def tune_remote(spec: Spec, model: str, url: str, out_dir: Path, *, headers: dic
             f"at most {rules.remote_instances} instances per group")
         spec = start.apply(spec, model)  # what the search reads of the model: as served
         live = LiveConfig(server, spec, repo, model, log, target=remote.ThroughApi(server, served))
-        trials = Trials(server, spec, repo, model, target_p95_ms=objective.target_p95_ms,
-                        max_error_ratio=objective.max_error_ratio, window=window or TrialWindow(), log=log,
+        trials = Trials(server, spec, repo, model, slo=objective,
+                        window=window or TrialWindow(), log=log,
                         input_data=input_data, live=live)
         about = served.describe()
         tuning = None

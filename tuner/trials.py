@@ -25,7 +25,7 @@ from tritonkit.loadtests.pa_install import PerfAnalyzerMissing
 from tritonkit.loadtests.results import build_result
 from tritonkit.loadtests.stalls import without_stalls
 from tritonkit.serving import Running, running
-from tritonkit.slo import meets
+from tritonkit.slo import Slo
 from tritonkit.spec import Spec
 from tritonkit.stats import percentile
 from tritonkit.tuner.apply import LiveConfig
@@ -125,13 +125,13 @@ class Trials:
     """`server` is the tuner's own (`LocalServer`) or one it reaches through the API
     (`tuner.remote.RemoteServer`, with the `live` config that goes through it)."""
 
-    def __init__(self, server: LocalServer, spec: Spec, repo: Path | None, model: str, *, target_p95_ms: float,
-                 max_error_ratio: float, window: TrialWindow, log: Callable[[str], None],
+    def __init__(self, server: LocalServer, spec: Spec, repo: Path | None, model: str, *, slo: Slo,
+                 window: TrialWindow, log: Callable[[str], None],
                  input_data: Path | None = None, live: LiveConfig | None = None):
         self.server, self.spec, self.repo, self.model = server, spec, repo, model
         self.input_data = input_data  # real request data the trials send, else the model's generated inputs
-        # the P95 a trial must meet: the tuner's target, the SLO less its margin
-        self.target_p95_ms, self.max_error_ratio, self.window, self.log = target_p95_ms, max_error_ratio, window, log
+        # a trial passes on the tuner's target, the SLO less its margin (`Slo.passes`)
+        self.slo, self.window, self.log = slo, window, log
         self.trials: list[Trial] = []
         # owns what is in force and what served last
         self.live = live or LiveConfig(server, spec, repo, model, log)
@@ -219,7 +219,7 @@ class Trials:
         elif t.generator_limited:
             t.note = (f"generator-limited: stalled {t.stalled_ms:.0f} ms, client P95 {t.client_p95_ms:.1f} ms "
                       f"with its stalls")
-        t.passed = meets(t.p95_ms, self.target_p95_ms, t.error_ratio, self.max_error_ratio) and not short
+        t.passed = self.slo.passes(t.p95_ms, t.error_ratio) and not short
 
     def open_load(self, rate: float, share: float = 1.0) -> Load:
         """`share`: of the window a full trial has (a screening run's is shorter), never under its minimum."""
