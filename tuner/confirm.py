@@ -11,7 +11,7 @@ from tritonkit.server_traits import ServerTraits
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs
 from tritonkit.tuner.ladder import down_from
-from tritonkit.tuner.noise import majority
+from tritonkit.tuner.noise import faster_in_pairs, majority
 from tritonkit.tuner.objective import Objective, Score, Tuning
 from tritonkit.tuner.pooled import pooled, pooled_verdict
 from tritonkit.tuner.protect import Budget, classes_for, measured_overhead_ms, overload_holds, protect, tightened
@@ -62,9 +62,11 @@ def protect_and_confirm(search: Search, tuning: Tuning, cm: CostModel) -> None:
     confirmed = confirm(search.t, candidates, rate, step_down=not search.obj.rps,
                         limit=search.final_left, objective=search.obj, rules=search.rules, beside=beside, pairs=pairs)
     tuning.beside_start = [(search.p95(w), search.p95(b)) for w, b in pairs]
+    tuning.start_faster_beside = faster_in_pairs(tuning.beside_start, search.noise.log_sd, search.rules) is False
     if pairs:
         search.log(f"  beside the start: P95 {pairs_text(tuning.beside_start)} ms "
-                   f"({'the winner stands' if tuning.beat_start else 'the start was faster in most'})")
+                   f"({'the winner stands' if tuning.beat_start else 'the start was clearly faster in most'}; "
+                   f"pairs within {search.rules.clear:g} SDs of the noise decide nothing)")
     if confirmed is not None:
         tuning.best, tuning.confirmed = confirmed, True
         if confirmed.knobs.instances != best.knobs.instances:
@@ -73,8 +75,8 @@ def protect_and_confirm(search: Search, tuning: Tuning, cm: CostModel) -> None:
                                       "stalls the batcher on fewer")
     if beside is not None and not tuning.beat_start:
         # the start was faster beside the winner: never write a config slower than it
-        tuning.differs_because = f"{best.knobs.label()} was slower than the start in most runs beside it at the " \
-                                 "confirmation"
+        tuning.differs_because = f"{best.knobs.label()} was clearly slower than the start in most runs beside it " \
+                                 "at the confirmation"
         tuning.best, tuning.confirmed = tuning.baseline, False
 
 

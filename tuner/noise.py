@@ -66,6 +66,24 @@ def clear(p95_ms: float | None, passed: bool, target_ms: float, log_sd: float, r
     return distance < -rules.clear * log_sd if passed else distance > rules.clear * log_sd
 
 
+def faster_in_pairs(pairs: list[tuple[float, float]], log_sd: float, rules: Rules = RULES) -> bool | None:
+    """Which side of interleaved pairs of P95s, (a, b), was faster: True for a, False for b, None
+    when the clear pairs split evenly or none is clear. A pair counts only when its two P95s are
+    more than `rules.clear` SDs of their difference apart (each run is noisy: √2 log SDs); a run
+    that failed outright (inf) loses to one that did not, and two such runs decide nothing."""
+    decided = []
+    for a, b in pairs:
+        if math.isinf(a) or math.isinf(b):
+            if math.isinf(a) != math.isinf(b):
+                decided.append(math.isinf(b))
+            continue
+        gap = math.log(b / a)
+        if abs(gap) > rules.clear * math.sqrt(2) * log_sd:
+            decided.append(gap > 0)
+    a_wins, b_wins = sum(decided), len(decided) - sum(decided)
+    return None if a_wins == b_wins else a_wins > b_wins
+
+
 def majority(verdicts: list[bool], rules: Rules = RULES, final: bool = False) -> bool | None:
     """True or False once a majority of `rules.runs` runs agree; None while undecided. `final`: no
     budget is left for another run, so the runs so far decide (a tie fails)."""

@@ -67,16 +67,19 @@ class Tuning:
     # the confirmation's runs of the winner and of the start beside it, at the same rates:
     # (winner P95, start P95), math.inf for a run that failed outright
     beside_start: list[tuple[float, float]] = field(default_factory=list)
+    # those pairs' verdict (`noise.faster_in_pairs`, with the machine's noise): the start clearly
+    # faster in more of them than the winner
+    start_faster_beside: bool = False
     predicts: bool = True  # the cost model could rank candidates (else the space was screened blind)
 
     @property
     def beat_start(self) -> bool:
-        """The winner stands unless the start was faster in most of the runs beside it: the screen
-        already compared them side by side, so a split of the pairs leaves the search's verdict
-        (none made: what the search found)."""
+        """The winner stands unless the start was clearly faster beside it in more pairs than the
+        winner was: the screen already compared them side by side, so pairs within the noise, or a
+        split, leave the search's verdict (no pairs run: what the search found)."""
         if not self.beside_start:
             return not self.kept and self.best.passed
-        return 2 * sum(s < w for w, s in self.beside_start) <= len(self.beside_start)
+        return not self.start_faster_beside
 
     @property
     def written(self) -> bool:
