@@ -1136,7 +1136,7 @@ def test_pairs_within_the_noise_decide_nothing():
     them leaves the search's verdict (None)."""
     inf = math.inf
     assert faster_in_pairs([(22.4, 21.9), (inf, inf)], log_sd=0.2) is None
-    assert faster_in_pairs([(157.4, 96.0), (8.1, 47.8), (22.4, 21.9)], log_sd=0.2) is True  # the winner's one clear pair
+    assert faster_in_pairs([(157.4, 96.0), (8.1, 47.8), (22.4, 21.9)], log_sd=0.2) is True  # one clear pair
     assert faster_in_pairs([(30.0, 10.0), (31.0, 10.5), (8.0, 40.0)], log_sd=0.2) is False
     assert faster_in_pairs([(30.0, 10.0)], log_sd=1.2) is None  # on a box that noisy, 3x says nothing
     assert faster_in_pairs([(inf, 12.0)], log_sd=1.2) is False  # a run that failed outright loses
