@@ -1075,12 +1075,12 @@ class SimulatedMix:
     estimate at its rate, stretched by the cores the other model's executions take."""
 
     def __init__(self):
-        from tritonkit.slo import Slo
+        from tritonkit.slo import SloBound
         from tritonkit.tuner.mix import Entry
 
         self.costs = {"heavy": CostModel(4.0, 1.0), "light": CostModel(0.5, 0.05)}
-        self.entries = [Entry("heavy", 60.0, Slo(60.0, margin=0.1), ("heavy",)),
-                        Entry("light", 400.0, Slo(5.0, margin=0.1), ("light",))]
+        self.entries = [Entry("heavy", 60.0, SloBound(60.0, margin=0.1), ("heavy",)),
+                        Entry("light", 400.0, SloBound(5.0, margin=0.1), ("light",))]
 
     def cores_used(self, model: str, k: Knobs, rate: float) -> float:
         cm = self.costs[model]

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import SERVED_SPEC, tritonkit, write_spec
-from tritonkit.slo import Slo
+from tritonkit.slo import SloBound
 from tritonkit.stats import percentile
 
 pytestmark = pytest.mark.server
@@ -105,7 +105,7 @@ def tunable_trials(workdir, target_p95_ms: float, window):
     server = LocalServer(spec, repo, workdir / "state", "tunable", lambda s: None)
     server.start()
     try:
-        yield Trials(server, spec, repo, "tunable", slo=Slo(target_p95_ms, max_error_ratio=0.01), window=window,
+        yield Trials(server, spec, repo, "tunable", slo=SloBound(target_p95_ms, max_error_ratio=0.01), window=window,
                      log=print)
     finally:
         server.close()

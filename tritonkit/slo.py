@@ -11,7 +11,7 @@ ERROR_BOUND = 0.01
 
 
 @dataclass(frozen=True)
-class Slo:
+class SloBound:
     """One latency objective with its allowances, the one copy every verdict reads: the P95 limit,
     the share of it a search holds back (`margin`), and the share of requests that may fail."""
 

@@ -38,7 +38,7 @@ from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, Outcome, run_figures
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.serving import Running, running
-from tritonkit.slo import ERROR_BOUND, Slo
+from tritonkit.slo import ERROR_BOUND, SloBound
 from tritonkit.spec import Spec
 from tritonkit.tuner import outputs
 from tritonkit.tuner.apply import LiveConfig, Models, Served
@@ -59,7 +59,7 @@ class Entry:
 
     name: str
     rps: float
-    slo: Slo  # its own P95, with the search's margin and error bound
+    slo: SloBound  # its own P95, with the search's margin and error bound
     models: tuple[str, ...]
 
     def to_json(self) -> dict:
@@ -82,7 +82,7 @@ def entries_of(spec: Spec, margin: float = 0.0, max_errors: float = ERROR_BOUND)
             problems.append(Problem(spec.shown, at, f"{name} is in the traffic mix without a P95 SLO",
                                     "set its slo.p95_ms: joint tuning holds every entry to its own"))
             continue
-        out.append(Entry(name, rps, Slo(slo, margin, max_errors), tuple(spec.steps_of(name))))
+        out.append(Entry(name, rps, SloBound(slo, margin, max_errors), tuple(spec.steps_of(name))))
     if problems:
         raise InputError(problems)
     return out

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tritonkit.slo import Slo
+from tritonkit.slo import SloBound
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs
 from tritonkit.tuner.trials import Trial
 
 
 @dataclass(frozen=True)
-class Objective(Slo):
-    """The SLO with its margin and error bound (`tritonkit.slo.Slo`), and what is maximised under it:
+class Objective(SloBound):
+    """The SLO with its margin and error bound (`tritonkit.slo.SloBound`), and what is maximised under it:
     the sustained rate, or with `rps` the P95 at that rate."""
 
     rps: float | None = None  # None: maximise the sustained rate

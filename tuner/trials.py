@@ -25,7 +25,7 @@ from tritonkit.loadtests.pa_install import PerfAnalyzerMissing
 from tritonkit.loadtests.results import build_result
 from tritonkit.loadtests.stalls import without_stalls
 from tritonkit.serving import Running, running
-from tritonkit.slo import Slo
+from tritonkit.slo import SloBound
 from tritonkit.spec import Spec
 from tritonkit.stats import percentile
 from tritonkit.tuner.apply import LiveConfig
@@ -125,12 +125,12 @@ class Trials:
     """`server` is the tuner's own (`LocalServer`) or one it reaches through the API
     (`tuner.remote.RemoteServer`, with the `live` config that goes through it)."""
 
-    def __init__(self, server: LocalServer, spec: Spec, repo: Path | None, model: str, *, slo: Slo,
+    def __init__(self, server: LocalServer, spec: Spec, repo: Path | None, model: str, *, slo: SloBound,
                  window: TrialWindow, log: Callable[[str], None],
                  input_data: Path | None = None, live: LiveConfig | None = None):
         self.server, self.spec, self.repo, self.model = server, spec, repo, model
         self.input_data = input_data  # real request data the trials send, else the model's generated inputs
-        # a trial passes on the tuner's target, the SLO less its margin (`Slo.passes`)
+        # a trial passes on the tuner's target, the SLO less its margin (`SloBound.passes`)
         self.slo, self.window, self.log = slo, window, log
         self.trials: list[Trial] = []
         # owns what is in force and what served last
