@@ -7,13 +7,18 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from tritonkit.build_engines.build import DEFAULT_CACHE, ModelResult, build
+from tritonkit.configs.gateway import GatewayLimits, bootstrap, limits_for
+from tritonkit.configs.gateway import write as write_gateway
 from tritonkit.configs.generate import WriteReport, generate
 from tritonkit.configs.loader import resolve
 from tritonkit.errors import InputError, Problem
+from tritonkit.gateway import LocalEnvoy
+from tritonkit.server import free_port
 from tritonkit.serving import Running, running
 from tritonkit.spec import Spec
 from tritonkit.support import Target, spec_target
@@ -72,3 +77,29 @@ def serve_configured(spec: Spec, repo: Path, state_dir: Path, *, models: list[st
             spec.steps_of(name)  # an unknown name is an InputError listing the models and pipelines
     generate(spec, repo)
     return running(spec, repo, state_dir, models=models, ports=ports, log=log)
+
+
+@dataclass
+class Gateway:
+    url: str  # gRPC HOST:PORT clients connect to
+    limits: GatewayLimits
+    envoy: LocalEnvoy
+
+
+@contextlib.contextmanager
+def gateway_in_front(spec: Spec, r: Running, state_dir: Path,
+                     limits: GatewayLimits | None = None) -> Iterator[Gateway | None]:
+    """Envoy in front of `r`'s gRPC port where the spec asks (`server.gateway.enabled`), for as long
+    as the context lasts; None where it does not. `limits`: checked before the server started
+    (`configs.gateway.limits_for`), else here."""
+    g = spec.server.gateway
+    if not g.enabled:
+        yield None
+        return
+    limits = limits or limits_for(spec, list(r.served))
+    port, admin = g.port or free_port(spec.server.host), g.admin_port or free_port()
+    config = Path(state_dir) / "envoy.json"
+    write_gateway(config, bootstrap(port, int(r.endpoints.grpc.rsplit(":", 1)[1]), admin, limits,
+                                    listen_address=spec.server.host))
+    with LocalEnvoy(config, admin, Path(state_dir) / "envoy.log") as envoy:
+        yield Gateway(f"{spec.server.host}:{port}", limits, envoy)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import signal
 import statistics
@@ -58,6 +59,9 @@ def test_offline_meets_the_slo_that_the_spec_misses(workdir, probed):
     # the decision is recorded: tuned.yaml beside the spec, and `configs` regenerates it
     tuned = yaml.safe_load((workdir / "tuned.yaml").read_text())["models"]["tunable"]
     assert tuned["batching"]["max_queue_delay_us"] == log["best"]["knobs"]["max_queue_delay_us"] < 20000
+    # beside it, the gateway's limit by Little's law: the claim times the P95 measured at it
+    in_flight = tuned["admission"]["max_in_flight"]
+    assert in_flight == max(1, math.ceil(best["rate"] * best["p95_ms"] / 1000))
     cfg = workdir / "repo" / "tunable" / "config.pbtxt"
     assert f"max_queue_delay_microseconds: {tuned['batching']['max_queue_delay_us']}" in cfg.read_text() \
         or tuned["batching"]["max_queue_delay_us"] == 0

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from tritonkit import sample_model
 from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, port_overrides, say, spec_arg
+from tritonkit.configs.gateway import limits_for
 from tritonkit.configs.loader import load_spec
-from tritonkit.configs.steps import serve_configured
+from tritonkit.configs.steps import gateway_in_front, serve_configured
 from tritonkit.demo import run_demo
 from tritonkit.errors import KitError, raise_flag_problems
 from tritonkit.spec import Spec, parse_spec
@@ -35,6 +36,8 @@ def served_names(spec: Spec, served: tuple[str, ...]) -> str:
 
 def cmd_serve(a: argparse.Namespace) -> int:
     spec = load_spec(a.spec, a.repo)
+    # the gateway's limits are checked before anything starts
+    limits = limits_for(spec, list(spec.served())) if spec.server.gateway.enabled else None
     stop = {"signal": None}
 
     def on_signal(signum, _frame):
@@ -42,15 +45,21 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    with serve_configured(spec, a.repo, a.state_dir, ports=port_overrides(a), log=say) as r:
+    with serve_configured(spec, a.repo, a.state_dir, ports=port_overrides(a), log=say) as r, \
+            gateway_in_front(spec, r, a.state_dir, limits) as gw:
         ep = r.endpoints
-        say(f"serving {served_names(spec, r.served)}\n"
+        front = (f"  gateway  {gw.url} (Envoy: {gw.limits.max_requests} in flight, interactive "
+                 f"{gw.limits.max_requests_high}, deadline {gw.limits.timeout_ms:g} ms; clients connect here)\n"
+                 if gw else "")
+        say(f"serving {served_names(spec, r.served)}\n{front}"
             f"  HTTP     http://{ep.http}\n  gRPC     {ep.grpc}\n  metrics  {ep.metrics}\n"
             f"  model control needs header {ep.key_header!r} (value in {a.state_dir}/server.json, or "
             f"${spec.server.restricted_key.value_env})\nCtrl-C stops the server.")
         while stop["signal"] is None:
             if not r.server.alive():
                 raise KitError(f"tritonserver exited unexpectedly: {r.server.failure_reason()}")
+            if gw and not gw.envoy.alive():
+                raise KitError(f"the gateway (envoy) exited unexpectedly (log: {gw.envoy.log_path})")
             time.sleep(0.2)
         say("stopping ...")
     return 0

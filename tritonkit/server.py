@@ -211,7 +211,7 @@ except OSError:
 """
 
 
-def _watch_group(pgid: int) -> int:
+def watch_group(pgid: int) -> int:
     """Start the watchdog of process group `pgid`; returns the pipe's write end, held until stop()."""
     read_end, write_end = os.pipe()  # not inherited by other children (PEP 446)
     try:
@@ -322,7 +322,7 @@ class LocalTriton:
             log.close()
         if self.cpus:
             os.sched_setaffinity(self.proc.pid, self.cpus)  # before any model loads: the stubs inherit it
-        self._watchdog = _watch_group(self.proc.pid)
+        self._watchdog = watch_group(self.proc.pid)
         self.endpoints = Endpoints(self.server.host, ports["http_port"], ports["grpc_port"], ports["metrics_port"],
                                    key[0], key[1], self.proc.pid)
         try:

@@ -27,7 +27,7 @@ DType = Literal[
 Runtime = Literal["auto", "tensorrt", "onnxruntime", "python-onnxruntime"]
 # Written by `tritonkit tune` beside deploy.yaml; overrides these keys of the models it names.
 TUNED_FILE = "tuned.yaml"
-TUNED_KEYS = ("max_batch_size", "batching", "instances")
+TUNED_KEYS = ("max_batch_size", "batching", "instances", "admission")
 # Set to a file path, every parse appends one line to it (the parse-count test reads it).
 TRACE_ENV = "TRITONKIT_TRACE_PARSES"
 
@@ -104,6 +104,14 @@ class BuildSpec(_Strict):
     bucket_edges: list[int] = Field(default_factory=list)
 
 
+class Admission(_Strict):
+    """How many of the model's requests the gateway lets in flight at once (`server.gateway`):
+    `tritonkit tune` writes it from its claim (Little's law: the claimed rate times the P95 measured
+    there), beside the batching it tuned."""
+
+    max_in_flight: int | None = Field(None, ge=1)
+
+
 class ModelSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
     onnx: Path
@@ -119,6 +127,7 @@ class ModelSpec(_Strict):
     slo: Slo = Field(default_factory=Slo)
     memory_budget_mb: float | None = Field(None, gt=0)
     build: BuildSpec = Field(default_factory=BuildSpec)
+    admission: Admission = Field(default_factory=Admission)
 
 
 class PipelineStep(_Strict):
@@ -149,6 +158,20 @@ class RestrictedKey(_Strict):
     value_env: str = "TRITONKIT_API_KEY"
 
 
+class GatewaySpec(_Strict):
+    """Envoy in front of Triton's gRPC port (`configs/gateway.py`): a bounded number of requests in
+    flight, the rest refused at once; interactive requests on a threshold of their own."""
+
+    enabled: bool = False
+    port: int = Field(0, ge=0, le=65535)  # where gRPC clients connect (0 = a free port)
+    admin_port: int = Field(0, ge=0, le=65535)
+    # None: the sum of the served models' admission.max_in_flight (what `tune` wrote)
+    max_in_flight: int | None = Field(None, ge=1)
+    interactive_share: float = Field(0.25, ge=0, le=1)  # of the limit, on the HIGH threshold
+    adaptive: bool = False  # Envoy's adaptive concurrency filter in front of the fixed limit
+    timeout_ms: float | None = Field(None, gt=0)  # the deadline; None: the tightest slo.p95_ms
+
+
 class ServerSpec(_Strict):
     host: str = "127.0.0.1"
     http_port: int = Field(8000, ge=0, le=65535)  # 0 = pick a free port
@@ -157,6 +180,7 @@ class ServerSpec(_Strict):
     restricted_key: RestrictedKey = Field(default_factory=RestrictedKey)
     response_cache_mb: int = Field(64, ge=1)
     startup_timeout_s: float = Field(120, gt=0)
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
 
 
 _K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS label, as Kubernetes names must be

@@ -88,9 +88,10 @@ def write_log(out_dir: Path, log: dict) -> dict[str, Path]:
     return files
 
 
-def write_tuned(spec: Spec, model: str, k: Knobs, about: dict) -> Path:
+def write_tuned(spec: Spec, model: str, k: Knobs, about: dict, in_flight: int | None = None) -> Path:
     """Record the decision beside deploy.yaml, keeping other models' entries; the header names the
-    server the last decision was measured on."""
+    server the last decision was measured on. `in_flight`: what the gateway may let in at once
+    (`admission_from`), written beside the batching it was measured with."""
     path = spec.path.parent / TUNED_FILE
     data = yaml.safe_load(path.read_text()) if path.exists() else None
     data = data if isinstance(data, dict) and isinstance(data.get("models"), dict) else {"models": {}}
@@ -100,7 +101,10 @@ def write_tuned(spec: Spec, model: str, k: Knobs, about: dict) -> Path:
                 "default_queue_policy": None if k.queue is None else k.queue.model_dump(),
                 "priority_queue_policies": {lv: q.model_dump() for lv, q in sorted(k.level_queues)}}
     entry = {"max_batch_size": k.max_batch, "batching": batching, "instances": {"count": k.instances}}
-    data["models"][model] = entry if k.batching else {"instances": entry["instances"]}
+    entry = entry if k.batching else {"instances": entry["instances"]}
+    if in_flight is not None:
+        entry["admission"] = {"max_in_flight": in_flight}
+    data["models"][model] = entry
     header = ("# Written by `tritonkit tune`: these keys override deploy.yaml's for the models named here.\n"
               "# `tritonkit configs` applies them. Delete a model's entry, or this file, to go back.\n"
               f"# {model}: measured on {describe_server(about)}; a config tuned on one server, backend or\n"
@@ -132,6 +136,15 @@ def plot_trials(path: Path, trials: list[Trial], tuning: Tuning) -> None:
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     write_bytes_atomic(path, buf.getvalue())
+
+
+def admission_from(tuning: Tuning) -> int | None:
+    """Little's law on the claim: its rate times the P95 measured there is the number of requests in
+    flight the SLO allows (None: no claim with a latency to read)."""
+    s = tuning.best
+    if s.rate is None or s.trial is None or s.trial.p95_ms is None or not tuning.written:
+        return None
+    return max(1, math.ceil(s.rate * s.trial.p95_ms / 1000))
 
 
 def measured_by(trials: list[Trial]) -> str:

@@ -137,5 +137,6 @@ def _write(spec: Spec, model: str, tuning: Tuning, trials: Trials, out_dir: Path
     files = outputs.write_log(out_dir, outputs.log_json(model, tuning, trials.trials, seconds, about))
     files["report.md"] = outputs.write_report(out_dir, model, tuning, trials.trials, seconds, about)
     if write_decision and tuning.written:
-        files["tuned.yaml"] = outputs.write_tuned(spec, model, tuning.best.knobs, about)
+        files["tuned.yaml"] = outputs.write_tuned(spec, model, tuning.best.knobs, about,
+                                                  in_flight=outputs.admission_from(tuning))
     return files

