@@ -41,6 +41,7 @@ from tritonkit.slo import ERROR_BOUND
 from tritonkit.spec import Spec
 from tritonkit.tuner.apply import AsServed, LiveConfig, Reached
 from tritonkit.tuner.costmodel import CostModel, batch_for_rate, batch_points, delay_for, fit
+from tritonkit.tuner.rules import RULES, Rules
 from tritonkit.tuner.settings import TuneSettings, slo_for
 
 
@@ -91,8 +92,9 @@ class Controller:
     """Decides from observations; applies through model control (and the repository file, if given)."""
 
     def __init__(self, client: Client, model: str, slo_p95_ms: float, settings: OnlineSettings,
-                 repo: Path | None, log: Callable[[str], None]):
+                 repo: Path | None, log: Callable[[str], None], rules: Rules = RULES):
         self.c, self.model, self.slo, self.s, self.repo, self.log = client, model, slo_p95_ms, settings, repo, log
+        self.rules = rules  # the cost model's, and what makes two observations comparable
         self.state = OnlineState()
         # what is in force and what served last: the change in flight is kept once it is judged
         self.live = LiveConfig(Reached(client), client.config(model), repo, model, log,
@@ -121,7 +123,7 @@ class Controller:
                    round(b["failed"] / requests, 4) if requests else 0.0,
                    int(dyn.max_queue_delay_microseconds), list(dyn.preferred_batch_size))
         with contextlib.suppress(ValueError):  # no executions yet: keep the model there is
-            self.cost = fit(batch_points({}, after))  # lifetime executions: the most points
+            self.cost = fit(batch_points({}, after), self.rules)  # lifetime executions: the most points
         self.state.observations.append(w)
         return w
 
@@ -186,10 +188,12 @@ class Controller:
 
     def _judge(self, change: Change, w: Observation, now_t: float) -> None:
         ref = change.reference
-        similar_rate = ref.rate > 0 and 0.8 <= w.rate / ref.rate <= 1.25
+        r = self.rules
+        similar_rate = ref.rate > 0 and 1 / r.online_similar_rate <= w.rate / ref.rate <= r.online_similar_rate
         worse_latency = (similar_rate and w.mean_ms is not None and ref.mean_ms is not None
-                         and w.mean_ms > ref.mean_ms * (1 + self.s.worse_margin) and w.mean_ms > 0.5 * self.slo)
-        worse_errors = w.error_ratio > ref.error_ratio + ERROR_BOUND  # a observation that fails a bound's more
+                         and w.mean_ms > ref.mean_ms * (1 + self.s.worse_margin)
+                         and w.mean_ms > r.online_latency_floor * self.slo)
+        worse_errors = w.error_ratio > ref.error_ratio + ERROR_BOUND  # an observation that fails a bound's more
         if worse_latency or worse_errors:
             why = "mean latency" if worse_latency else "failures"
             self.live.restore()

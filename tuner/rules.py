@@ -70,6 +70,13 @@ class Rules:
     overload_goodput: float = 0.9  # ... and must serve this share of the capacity within the SLO there
     default_share: float = 0.5  # of the capacity the default level drains at when interactive levels exist
 
+    # -- the online sidecar (tuner/online.py) ----------------------------------------------------
+    # an observation after a change is judged against the one before only at a rate this close:
+    # another load says nothing about the change
+    online_similar_rate: float = 1.25
+    # a mean latency under this share of the SLO is never "worse": far from the SLO, noise moves it
+    online_latency_floor: float = 0.5
+
     @property
     def final_trials(self) -> int:
         """Trials kept for the end: the overload checks, a confirmation at two rates at most, and
