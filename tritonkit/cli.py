@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from tritonkit import commands as core
+from tritonkit import interrupt
 from tritonkit.benchmarks import commands as benchmarks
 from tritonkit.build_engines import commands as build_engines
 from tritonkit.clients import commands as clients
@@ -40,6 +41,7 @@ def _quiet_half_built_clients(unraisable) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     sys.unraisablehook = _quiet_half_built_clients
+    interrupt.install()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from tritonkit import interrupt
 from tritonkit.errors import InputError, KitError
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, Outcome, RequestClass
@@ -152,6 +153,7 @@ class Trials:
     # -- measuring ----------------------------------------------------------------------------
 
     def run(self, k: Knobs, load: Load, phase: str, classes: list[RequestClass] | None = None) -> Trial:
+        interrupt.check()  # a Ctrl-C a library swallowed on the way stops the search here
         t0 = time.perf_counter()
         trial = Trial(len(self.trials) + 1, phase, k.label(), k.to_json(), load.describe(), load.rate)
         refused = self.apply(k)
