@@ -196,12 +196,18 @@ def write_ensemble(p: PipelineSpec, cfg: mc.ModelConfig, out: Path) -> WriteRepo
     folder = out / p.name
     (folder / VERSION).mkdir(parents=True, exist_ok=True)
     cfg_path = folder / "config.pbtxt"
-    changed = [cfg_path] if write_bytes_atomic(cfg_path, render(cfg).encode(), keep_previous=True) else []
+    changed = [cfg_path] if write_config(cfg, cfg_path) else []
     return WriteReport(p.name, "ensemble", cfg_path, changed)
 
 
 def render(cfg: mc.ModelConfig) -> str:
     return text_format.MessageToString(cfg)
+
+
+def write_config(cfg: mc.ModelConfig, path: Path) -> bool:
+    """The one writer of a config.pbtxt: rendered from Triton's own schema, atomic, the file it
+    replaces kept as `.last-good`. True when it changed."""
+    return write_bytes_atomic(path, render(cfg).encode(), keep_previous=True)
 
 
 def parse(text: str) -> mc.ModelConfig:
@@ -251,7 +257,7 @@ def write_model(r: ResolvedModel, cfg: mc.ModelConfig, out: Path) -> WriteReport
                 if write_bytes_atomic(folder / "warmup" / inp.input_data_file, data):
                     changed.append(folder / "warmup" / inp.input_data_file)
     cfg_path = folder / "config.pbtxt"
-    if write_bytes_atomic(cfg_path, render(cfg).encode(), keep_previous=True):
+    if write_config(cfg, cfg_path):
         changed.append(cfg_path)
     return WriteReport(r.spec.name, r.runtime, cfg_path, changed)
 

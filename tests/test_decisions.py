@@ -689,7 +689,7 @@ def test_the_generators_own_stalls_are_taken_out_of_latencies():
 # -- the online sidecar --------------------------------------------------------------------------
 
 class ModelControl:
-    """The two model-control calls the controller makes, kept in memory."""
+    """The model-control calls the controller makes, kept in memory: a loaded config is ready."""
 
     def __init__(self, cfg: mc.ModelConfig):
         self.cfg, self.loads = cfg, 0
@@ -703,6 +703,9 @@ class ModelControl:
     def load(self, model: str, cfg: mc.ModelConfig, files: dict | None = None) -> None:
         self.loads += 1
         self.cfg = cfg
+
+    def model_ready(self, model: str) -> bool:
+        return True
 
 
 def _controller(**settings) -> tuple[Controller, ModelControl]:

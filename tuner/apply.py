@@ -19,18 +19,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
-from google.protobuf import text_format
+from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonkit.clients import Client, TritonRequestError
-from tritonkit.configs.generate import generate, parse
+from tritonkit.configs.generate import generate, parse, write_config
 from tritonkit.errors import ServerError
-from tritonkit.files import write_bytes_atomic
 from tritonkit.serving import Running
 from tritonkit.spec import Spec
 from tritonkit.tuner.knobs import Knobs
+
+C = TypeVar("C", Spec, mc.ModelConfig)  # what a target serves: a spec variant, or a ModelConfig as it is
 
 
 class LiveServer(Protocol):
@@ -72,29 +73,48 @@ def mismatch(asked: mc.ModelConfig, reported: mc.ModelConfig) -> str | None:
     return f"Triton serves a different config: {', '.join(bad)}" if bad else None
 
 
+def config_diff(before: mc.ModelConfig, after: mc.ModelConfig) -> list[str]:
+    """Lines of a served config that differ (an empty list: the same config)."""
+    a = json_format.MessageToDict(before, preserving_proto_field_name=True)
+    b = json_format.MessageToDict(after, preserving_proto_field_name=True)
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
 def load_verified(client: Client, model: str, asked: mc.ModelConfig, override: bool,
-                  files: dict[str, bytes] | None = None) -> None:
+                  files: dict[str, bytes] | None = None, whole: bool = False) -> None:
     """Reload `model` (with `asked` passed through the API when `override`, else from its file; with
-    `files`, the version folder sent along) and check what Triton reports. Raises
-    TritonRequestError (refused) or ServerError (mismatch)."""
+    `files`, the version folder sent along) and check what Triton reports: the knobs the kit turns,
+    or with `whole` every field (an original config put back). Raises TritonRequestError (refused)
+    or ServerError (mismatch, or not ready)."""
     client.load(model, asked if override else None, files)
-    why = mismatch(asked, client.config(model))
+    reported = client.config(model)
+    if whole:
+        diff = config_diff(asked, reported)
+        why = f"Triton serves a different config: {'; '.join(diff)}" if diff else None
+    else:
+        why = mismatch(asked, reported)
+    if why is None and not client.model_ready(model):
+        why = f"{model} is not ready after its load"
     if why:
         raise ServerError(why)
 
 
-class ConfigTarget(Protocol):
+class ConfigTarget(Protocol[C]):
     """Where a live config goes, and how it is put in force: the kit's repository (`Repository`),
     or the repository API of a server the kit did not start (`tuner/remote.py`)."""
 
     served_name: str  # the model the load is sent to (a shadow copy has a name of its own)
 
-    def put(self, candidate: Spec) -> None:
+    def put(self, candidate: C) -> None:
         """Serve `candidate`. The kit's rules refusing it raise InputError before anything changes;
         Triton refusing it, or serving something else, raises TritonRequestError or ServerError."""
 
-    def put_back(self, good: Spec) -> None:
+    def put_back(self, good: C) -> None:
         """Serve `good` again: it served before, so a refusal now is an error."""
+
+    def before_restart(self, good: C) -> None:
+        """The server died: leave `good` where a restart will load it (nothing, where the server
+        is not the kit's to restart)."""
 
 
 class Repository:
@@ -114,9 +134,10 @@ class Repository:
         with self.server.r.client() as c:
             load_verified(c, self.model, parse(self.config_path.read_text()), override=False)
 
-    def put_back(self, good: Spec) -> None:
+    put_back = put
+
+    def before_restart(self, good: Spec) -> None:
         generate(good, self.repo, models=[self.model])
-        self.server.r.load(self.model)
 
 
 class Models:
@@ -134,10 +155,16 @@ class Models:
         generate(candidate, self.repo)
         self.in_force = candidate  # what the files say from here, whether the reloads go through or not
         pipelines = [p.name for p in candidate.pipelines if any(s.model in changed for s in p.steps)]
-        for name in [*changed, *pipelines]:
+        with self.r.client() as c:
+            for name in changed:
+                load_verified(c, name, parse((self.repo / name / "config.pbtxt").read_text()), override=False)
+        for name in pipelines:
             self.r.load(name)
 
     put_back = put
+
+    def before_restart(self, good: Spec) -> None:
+        generate(good, self.repo)
 
 
 class AsServed:
@@ -151,10 +178,12 @@ class AsServed:
     def put(self, cfg: mc.ModelConfig) -> None:
         load_verified(self.client, self.served_name, cfg, override=True)
         if self.persist is not None:
-            write_bytes_atomic(Path(self.persist) / self.served_name / "config.pbtxt",
-                               text_format.MessageToString(cfg).encode(), keep_previous=True)
+            write_config(cfg, Path(self.persist) / self.served_name / "config.pbtxt")
 
     put_back = put
+
+    def before_restart(self, good: mc.ModelConfig) -> None:
+        pass  # the sidecar's server is not the kit's to restart
 
 
 class Reached:
@@ -172,18 +201,19 @@ class Reached:
         raise ServerError("the server stopped answering; it is not the kit's to restart")
 
 
-class LiveConfig:
+class LiveConfig(Generic[C]):
     """The config of one model of a live server, changed only through `apply` and `restore`: the
-    one owner of what is in force and of the last-known-good config. What a config is depends on
-    the target: a spec variant (the kit's repository, `tuner.remote.ThroughApi`) or a ModelConfig
-    (`AsServed`, the online sidecar)."""
+    one owner of what is in force and of the last-known-good config. What a config `C` is depends
+    on the target: a spec variant (the kit's repository, `Models`, `tuner.remote.ThroughApi`) or a
+    ModelConfig (`AsServed`, the online sidecar)."""
 
-    def __init__(self, server: LiveServer, spec: Spec, repo: Path | None, model: str,
-                 log: Callable[[str], None] = lambda s: None, target: ConfigTarget | None = None):
+    def __init__(self, server: LiveServer, spec: C, repo: Path | None, model: str,
+                 log: Callable[[str], None] = lambda s: None, target: ConfigTarget[C] | None = None):
         self.server, self.model, self.log = server, model, log
         self.target = target or Repository(server, repo, model)
-        self.good: Spec = spec  # exactly what served last; the spec's own config to begin with
-        self.current: Spec = spec
+        self.start: C = spec  # what served before any change
+        self.good: C = spec  # exactly what served last; the spec's own config to begin with
+        self.current: C = spec
         # the knobs behind `good` and `current` where they came from `apply_knobs` (None: the spec's
         # own config, or a spec applied whole): the tuner's trials ask here what is in force
         self.good_knobs: Knobs | None = None
@@ -195,7 +225,7 @@ class LiveConfig:
     def served_name(self) -> str:
         return self.target.served_name
 
-    def apply(self, candidate: Spec) -> str | None:
+    def apply(self, candidate: C) -> str | None:
         """Make `candidate` the serving config. None when it serves as asked; otherwise why not
         (and the last-known-good config is serving again). The kit's own rules refusing it is an
         InputError, raised before anything is written."""
@@ -221,6 +251,12 @@ class LiveConfig:
             self.current_knobs = knobs
         return refused
 
+    def reset(self) -> None:
+        """Serve the config this LiveConfig started from again, verified, and make it the
+        last-known-good (a sweep's end: the spec's own config back)."""
+        self.good, self.good_knobs = self.start, None
+        self.restore(restart=False)
+
     def keep(self) -> None:
         """The config in force served a measurement: it is the last-known-good now."""
         self.good, self.good_knobs = self.current, self.current_knobs
@@ -231,8 +267,7 @@ class LiveConfig:
         if self.server.alive():
             self.target.put_back(self.good)
             return
-        if isinstance(self.target, Repository):
-            generate(self.good, self.target.repo, models=[self.model])  # what a restart will load
+        self.target.before_restart(self.good)
         if restart:
             self.restarts += 1
             if self.restarts > self.max_restarts:

@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonkit.build_engines.artifacts import read_record
@@ -198,12 +197,8 @@ class ThroughApi:
 
     put_back = put
 
-
-def config_diff(before: mc.ModelConfig, after: mc.ModelConfig) -> list[str]:
-    """Lines of the served config that differ (an empty list: the same config)."""
-    a = json_format.MessageToDict(before, preserving_proto_field_name=True)
-    b = json_format.MessageToDict(after, preserving_proto_field_name=True)
-    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    def before_restart(self, good: Spec) -> None:
+        pass  # a server the kit did not start is never restarted here
 
 
 def put_back_original(server: RemoteServer, remote: RemoteModel, log: Callable[[str], None]) -> None:
@@ -213,11 +208,13 @@ def put_back_original(server: RemoteServer, remote: RemoteModel, log: Callable[[
             with contextlib.suppress(TritonRequestError):
                 c.unload(remote.shadow)
         else:
-            c.load(remote.name, remote.config)
-        diff = config_diff(remote.config, c.config(remote.name))
-        if diff or not c.model_ready(remote.name):
-            raise ServerError(f"{remote.name} on {remote.url} does not serve its original config again: "
-                              + ("; ".join(diff) or "not ready"))
+            try:
+                load_verified(c, remote.name, remote.config, override=True, whole=True)
+            except (TritonRequestError, ServerError) as e:
+                raise ServerError(f"{remote.name} on {remote.url} does not serve its original config again: "
+                                  f"{e}") from None
+        if not c.model_ready(remote.name):
+            raise ServerError(f"{remote.name} on {remote.url} does not serve its original config again: not ready")
     log(f"{remote.name} on {remote.url}: the original config is in force (verified)"
         + (f"; the shadow copy {remote.shadow} is unloaded" if remote.shadow else ""))
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import psutil
 
-from tritonkit.configs.generate import generate
 from tritonkit.errors import ServerError
 from tritonkit.loadtests.load import Load, RequestClass
 from tritonkit.loadtests.measure import measure_by, measure_grpc
@@ -135,7 +134,7 @@ def _sweep(live: LiveConfig, spec: Spec, model: str, load: Load, out_dir: Path, 
             log(f"  [{len(rows)}/{len(points)}] max_batch {k.max_batch:>2} delay {k.delay_us:>6} us: "
                 f"{row['throughput_rps']:7.1f} req/s  P95 {row['p95_ms']:7.2f} ms{memory}{note}")
     finally:
-        live.restore(restart=False)  # back to what the spec (or the server) had
+        live.reset()  # back to what the spec (or the server) had, verified
     return write_sweep_report(rows, out_dir, slo_p95_ms=m.slo.p95_ms, max_rss_mb=max_rss_mb,
                               title=f"Batch-size sweep: {model}",
                               load=f"{load.describe()}; {load.warmup_s:g} s warm-up, {load.duration_s:g} s steady")
@@ -169,8 +168,6 @@ def sweep_pipeline(r: Running, spec: Spec, repo: Path, name: str, load: Load, ou
             log(f"  [{len(rows)}/{len(points)}] max_batch {k.max_batch:>2} delay {k.delay_us:>6} us: "
                 f"{row['throughput_rps']:7.1f} req/s  P95 {row['p95_ms']:7.2f} ms  (queue+compute: {per_step})")
     finally:
-        generate(spec, repo)  # back to what the spec says
-        for model in [*steps, name]:
-            r.load(model)
+        box.live.reset()  # back to what the spec says, every changed model verified
     return write_sweep_report(rows, out_dir, slo_p95_ms=spec.slo_of(name).p95_ms, title=f"Batch-size sweep: {name}",
                               load=f"{load.describe()}; {load.warmup_s:g} s warm-up, {load.duration_s:g} s steady")
