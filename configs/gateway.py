@@ -25,8 +25,17 @@ from tritonkit.errors import InputError, Problem
 from tritonkit.files import write_bytes_atomic
 from tritonkit.spec import Spec
 
+BURST_SDS = 3  # room above the mean in flight: a limit there refuses about 1 request in 1000 at the claim
 CLASS_HEADER = "x-tritonkit-class"  # the request class a client sends; "interactive" takes the HIGH route
 UPSTREAM = "triton"
+
+
+def in_flight_limit(rate_rps: float, time_ms: float) -> int:
+    """Little's law with room for bursts: L = rate x time requests are in flight on average, and
+    under Poisson arrivals their count is itself Poisson (mean and variance L), so the limit is
+    L + BURST_SDS x sqrt(L). A limit of L alone refuses a good share of a load at the rate it holds."""
+    mean = rate_rps * time_ms / 1000
+    return max(1, math.ceil(mean + BURST_SDS * math.sqrt(mean)))
 
 
 @dataclass(frozen=True)
@@ -41,10 +50,10 @@ class GatewayLimits:
     @classmethod
     def from_claim(cls, claim_rps: float, p95_ms: float, slo_ms: float, interactive_share: float = 0.0,
                    adaptive: bool = False) -> GatewayLimits:
-        """Little's law: the claim's rate times the time a request spends in the server at that
-        rate (its measured P95, a bound on most requests' time) is the number in flight the SLO
-        allows. Interactive traffic gets its share of it, at least one, on its own threshold."""
-        in_flight = max(1, math.ceil(claim_rps * p95_ms / 1000))
+        """`in_flight_limit` at the claim's rate and the P95 measured there (a bound on most
+        requests' time in the server). Interactive traffic gets its share, at least one, on its own
+        threshold."""
+        in_flight = in_flight_limit(claim_rps, p95_ms)
         high = max(1, math.ceil(in_flight * interactive_share)) if interactive_share else in_flight
         return cls(in_flight, high, slo_ms, adaptive)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import os
 import signal
 import statistics
@@ -16,6 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import SERVED_SPEC, tritonkit, write_spec
+from tritonkit.configs.gateway import in_flight_limit
 from tritonkit.slo import SloBound
 from tritonkit.stats import percentile
 
@@ -61,7 +61,7 @@ def test_offline_meets_the_slo_that_the_spec_misses(workdir, probed):
     assert tuned["batching"]["max_queue_delay_us"] == log["best"]["knobs"]["max_queue_delay_us"] < 20000
     # beside it, the gateway's limit by Little's law: the claim times the P95 measured at it
     in_flight = tuned["admission"]["max_in_flight"]
-    assert in_flight == max(1, math.ceil(best["rate"] * best["p95_ms"] / 1000))
+    assert in_flight == in_flight_limit(best["rate"], best["p95_ms"]) > best["rate"] * best["p95_ms"] / 1000
     cfg = workdir / "repo" / "tunable" / "config.pbtxt"
     assert f"max_queue_delay_microseconds: {tuned['batching']['max_queue_delay_us']}" in cfg.read_text() \
         or tuned["batching"]["max_queue_delay_us"] == 0

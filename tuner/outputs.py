@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from tritonkit.configs.gateway import in_flight_limit
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.plots import pyplot
@@ -139,12 +140,12 @@ def plot_trials(path: Path, trials: list[Trial], tuning: Tuning) -> None:
 
 
 def admission_from(tuning: Tuning) -> int | None:
-    """Little's law on the claim: its rate times the P95 measured there is the number of requests in
-    flight the SLO allows (None: no claim with a latency to read)."""
+    """The gateway's limit from the claim (`configs.gateway.in_flight_limit`: Little's law at its rate
+    and the P95 measured there, with room for bursts); None: no claim with a latency to read."""
     s = tuning.best
     if s.rate is None or s.trial is None or s.trial.p95_ms is None or not tuning.written:
         return None
-    return max(1, math.ceil(s.rate * s.trial.p95_ms / 1000))
+    return in_flight_limit(s.rate, s.trial.p95_ms)
 
 
 def measured_by(trials: list[Trial]) -> str:
