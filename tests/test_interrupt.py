@@ -9,6 +9,7 @@ import sys
 SCRIPT = """
 import asyncio, os, signal, time
 from tritonkit import interrupt
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as on a terminal, whatever launched the suite
 interrupt.install()
 try:
     os.kill(os.getpid(), signal.SIGINT)

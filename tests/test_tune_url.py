@@ -145,9 +145,11 @@ def test_ctrl_c_in_place_puts_the_original_config_back(server, tmp_path):
     """Interrupted once its trials have changed the served model itself: the original is back."""
     before = served_config(server)
     exe = Path(sys.executable).parent / "tritonkit"
+    # SIGINT as on a terminal: a suite started from a background job inherits it ignored
     proc = subprocess.Popen([str(exe), *tune_args(server, "--in-place", out=tmp_path / "out")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **server.env})
+                            env={**os.environ, **server.env},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     for line in proc.stdout:  # synchronised on the tune's own output: the second trial has run
         seen.append(line)
