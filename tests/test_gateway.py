@@ -61,6 +61,7 @@ def gated(tmp_path_factory, onnx_dir):
         port, admin = free_port(), free_port()
         write(root / "envoy.json", bootstrap(port, grpc_port, admin, GatewayLimits(2, 2, 5000.0)))
         with LocalEnvoy(root / "envoy.json", admin, root / "envoy.log") as gw:
+            gw.refused_so_far = 0  # what this module's floods had refused: the breaker's count to wait for
             yield f"127.0.0.1:{port}", gw
 
 
@@ -87,21 +88,28 @@ async def _flood(url: str, n: int, headers: dict | None = None) -> list[tuple[st
         await client.close()
 
 
+def _overflows(stats: dict) -> int:  # over max_requests, or over max_pending while a stream opens
+    return sum(stats.get(f"cluster.triton.upstream_rq_{k}_overflow", 0) for k in ("pending", "active"))
+
+
+def _refused_by(gw, count: int) -> int:
+    """The breaker's overflow count once it has reached `count` (Envoy merges its workers' counters
+    on its stats flush, every second), or as it stands after 15 s."""
+    deadline = time.monotonic() + 15
+    while (now := _overflows(gw.stats())) < count and time.monotonic() < deadline:
+        time.sleep(0.25)
+    return now
+
+
 def test_the_excess_is_refused_at_once_and_nothing_admitted_is_lost(gated):
     url, gw = gated
-    time.sleep(1.5)  # another test's counters flushed first
-    before = gw.stats()
+    before = _refused_by(gw, gw.refused_so_far)  # every earlier flood of this module counted
     results = asyncio.run(_flood(url, 24))
     ok = [ms for s, ms in results if s == "OK"]
     refused = [ms for s, ms in results if "UNAVAILABLE" in s]
     assert ok and refused and len(ok) + len(refused) == 24, results  # every request answered: OK or refused
-    def overflows(stats: dict) -> int:  # over max_requests, or over max_pending while a stream opens
-        return sum(stats.get(f"cluster.triton.upstream_rq_{k}_overflow", 0) for k in ("pending", "active"))
-
-    deadline = time.monotonic() + 15  # Envoy merges its workers' counters on its stats flush (1 s)
-    while overflows(gw.stats()) - overflows(before) < len(refused) and time.monotonic() < deadline:
-        time.sleep(0.25)
-    assert overflows(gw.stats()) - overflows(before) == len(refused)  # each refusal is the breaker's
+    gw.refused_so_far = before + len(refused)
+    assert _refused_by(gw, gw.refused_so_far) - before == len(refused)  # each refusal is the breaker's
     # a refusal never waited for the server: the typical one faster than the typical served request
     assert sorted(refused)[len(refused) // 2] < sorted(ok)[len(ok) // 2], (refused, ok)
 
@@ -116,6 +124,7 @@ def test_interactive_requests_have_their_own_threshold(gated):
         return await bulk, interactive
 
     bulk, interactive = asyncio.run(both())
+    gated[1].refused_so_far += sum("UNAVAILABLE" in s for s, _ in bulk + interactive)
     assert any("UNAVAILABLE" in s for s, _ in bulk)  # the bulk flood overflowed its threshold ...
     assert all(s == "OK" for s, _ in interactive), interactive  # ... and interactive traffic got through
 

@@ -7,13 +7,13 @@ import subprocess
 import sys
 
 SCRIPT = """
-import asyncio, os, signal, time
+import asyncio, os, signal
 from tritonkit import interrupt
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as on a terminal, whatever launched the suite
 interrupt.install()
 try:
     os.kill(os.getpid(), signal.SIGINT)
-    time.sleep(1)
+    signal.pause()  # the handler runs here: it raises at once
 except KeyboardInterrupt:
     pass  # a library that turned it into an error of its own, or dropped it
 async def main():

@@ -8,17 +8,15 @@ watchdog, so no Envoy outlives the kit.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 from tritonkit.errors import KitError, ServerError
-from tritonkit.server import watch_group
+from tritonkit.server import stop_group, watch_group
 
 
 def envoy_binary() -> Path:
@@ -89,19 +87,7 @@ class LocalEnvoy:
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc is None:
             return
-        pid = self.proc.pid
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                self.proc.wait(5)
-        self.proc_rc = self.proc.returncode
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+        self.proc_rc = stop_group(self.proc, timeout)
         if self._watchdog is not None:
             os.close(self._watchdog)
             self._watchdog = None

@@ -211,6 +211,24 @@ except OSError:
 """
 
 
+def stop_group(proc: subprocess.Popen, timeout: float) -> int | None:
+    """Stop a session leader started here by its own pid (SIGTERM, then SIGKILL after `timeout`),
+    then its whole process group, which reaches children a killed leader left behind. Its exit code."""
+    pid = proc.pid
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            proc.wait(5)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    return proc.returncode
+
+
 def watch_group(pgid: int) -> int:
     """Start the watchdog of process group `pgid`; returns the pipe's write end, held until stop()."""
     read_end, write_end = os.pipe()  # not inherited by other children (PEP 446)
@@ -427,20 +445,9 @@ class LocalTriton:
     def stop(self, timeout: float = 20.0) -> None:
         if self.proc is None:
             return
-        pid = self.proc.pid
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                self.proc.wait(5)
-        # The server was its own session leader, so its group id is its pid: this reaches stubs
-        # left behind by a server that was killed rather than shut down.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+        # The server was its own session leader, so its group id is its pid: the group's kill
+        # reaches stubs left behind by a server that was killed rather than shut down.
+        stop_group(self.proc, timeout)
         if self._watchdog is not None:  # its job is done: let it exit
             os.close(self._watchdog)
             self._watchdog = None
