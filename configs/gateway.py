@@ -1,8 +1,9 @@
 """The gateway in front of Triton: an Envoy bootstrap generated from Envoy's own API types.
 
-Admission is Envoy's cluster circuit breaker on an HTTP/2 upstream: at most `max_requests` gRPC
-requests in flight to Triton, the excess answered at once with gRPC UNAVAILABLE instead of waiting
-in Triton's queue past its SLO. Interactive requests (a `x-tritonkit-class: interactive` header)
+Admission is Envoy's cluster circuit breaker: at most `max_requests` requests in flight to Triton
+(gRPC over HTTP/2 to its gRPC port, HTTP/1.1 to its HTTP port, each upstream with that limit), the
+excess answered at once (gRPC UNAVAILABLE, HTTP 503) instead of waiting in Triton's queue past its
+SLO. Interactive requests (a `x-tritonkit-class: interactive` header)
 take a route of priority HIGH, whose threshold is separate, so a flood of bulk traffic never
 refuses them. The route timeout is the deadline: a request still unanswered then is cancelled
 upstream and answered with an error, never late. With `adaptive`, Envoy's adaptive concurrency
@@ -27,7 +28,10 @@ from tritonkit.spec import Spec
 
 BURST_SDS = 3  # room above the mean in flight: a limit there refuses about 1 request in 1000 at the claim
 CLASS_HEADER = "x-tritonkit-class"  # the request class a client sends; "interactive" takes the HIGH route
-UPSTREAM = "triton"
+UPSTREAM = "triton"  # its gRPC port
+UPSTREAM_HTTP = "triton_http"
+UPSTREAM_PROBE = "triton_probe"  # the same HTTP port, outside admission
+UPSTREAM_METRICS = "triton_metrics"
 
 
 def in_flight_limit(rate_rps: float, time_ms: float) -> int:
@@ -84,9 +88,32 @@ def limits_for(spec: Spec, models: list[str]) -> GatewayLimits:
     return GatewayLimits(limit, high, timeout, g.adaptive)
 
 
-def bootstrap(listen_port: int, upstream_port: int, admin_port: int, limits: GatewayLimits,
-              listen_address: str = "127.0.0.1", upstream_address: str = "127.0.0.1") -> dict:
-    """The whole static bootstrap, as the JSON Envoy reads (`envoy -c`)."""
+@dataclass(frozen=True)
+class Upstream:
+    """Triton's ports behind the gateway (in a pod: on the loopback only)."""
+
+    grpc_port: int
+    http_port: int | None = None  # HTTP/1.1 clients (Locust, curl) are proxied here; None: gRPC only
+    metrics_port: int | None = None  # served on the probe listener, for Prometheus
+    address: str = "127.0.0.1"
+
+
+# Model control: a load takes seconds, so it has no deadline, and it rides the HIGH threshold so a
+# bulk flood cannot lock the tuner out of the server it tunes.
+CONTROL_PREFIXES = ("/inference.GRPCInferenceService/Repository", "/v2/repository")
+# What the probe listener forwards to Triton's HTTP and metrics ports; anything else there is a 404.
+PROBE_PATHS = ("/v2/health/ready", "/v2/health/live")
+
+
+def bootstrap(listen_port: int, upstream: Upstream | int, admin_port: int, limits: GatewayLimits,
+              listen_address: str = "127.0.0.1", probe_port: int | None = None) -> dict:
+    """The whole static bootstrap, as the JSON Envoy reads (`envoy -c`).
+
+    One listener takes gRPC and HTTP/1.1 alike: a request whose content-type is gRPC goes to
+    Triton's gRPC port over HTTP/2, any other to its HTTP port; each upstream has the same circuit
+    breaker. With `probe_port`, a second listener serves only Triton's health endpoints and
+    metrics, outside admission: a kubelet probe refused under overload would take the pod out of
+    service exactly when it is busiest."""
     # Imported here: the gateway is optional, and envoy-data-plane's import is not small.
     import envoy_data_plane.envoy.config.bootstrap.v3 as boot
     import envoy_data_plane.envoy.config.cluster.v3 as cluster
@@ -98,24 +125,32 @@ def bootstrap(listen_port: int, upstream_port: int, admin_port: int, limits: Gat
     import envoy_data_plane.envoy.extensions.filters.http.router.v3 as router
     import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 as hcm
     import envoy_data_plane.envoy.extensions.upstreams.http.v3 as upstream_http
+    import envoy_data_plane.envoy.type.matcher.v3 as matcher
     import envoy_data_plane.envoy.type.v3 as envoy_type
     from envoy_data_plane.google.protobuf import Any
+
+    up = upstream if isinstance(upstream, Upstream) else Upstream(grpc_port=upstream)
 
     def address(host: str, port: int):
         return core.Address(socket_address=core.SocketAddress(address=host, port_value=port))
 
+    def header(name: str, **match):
+        return route.HeaderMatcher(name=name, string_match=matcher.StringMatcher(**match))
+
+    grpc = header("content-type", prefix="application/grpc")
+    interactive = header(CLASS_HEADER, exact="interactive")
     deadline = timedelta(milliseconds=limits.timeout_ms)
-
-    def to_triton(priority):
-        return route.RouteAction(cluster=UPSTREAM, timeout=deadline, priority=priority)
-
-    routes = route.RouteConfiguration(name="triton", virtual_hosts=[route.VirtualHost(
-        name="triton", domains=["*"], routes=[
-            route.Route(match=route.RouteMatch(prefix="/", headers=[route.HeaderMatcher(
-                name=CLASS_HEADER, string_match=_exact("interactive"))]),
-                route=to_triton(core.RoutingPriority.HIGH)),
-            route.Route(match=route.RouteMatch(prefix="/"), route=to_triton(core.RoutingPriority.DEFAULT)),
-        ])])
+    protocols = [(UPSTREAM, [grpc])] + ([(UPSTREAM_HTTP, [])] if up.http_port else [])
+    routes = []
+    for name, by_protocol in protocols:  # gRPC first: the HTTP routes match whatever is left
+        for prefix in CONTROL_PREFIXES:
+            routes.append(route.Route(match=route.RouteMatch(prefix=prefix, headers=by_protocol), route=route.RouteAction(
+                cluster=name, timeout=timedelta(0), priority=core.RoutingPriority.HIGH)))
+        routes.append(route.Route(match=route.RouteMatch(prefix="/", headers=by_protocol + [interactive]),
+                                  route=route.RouteAction(cluster=name, timeout=deadline,
+                                                          priority=core.RoutingPriority.HIGH)))
+        routes.append(route.Route(match=route.RouteMatch(prefix="/", headers=by_protocol), route=route.RouteAction(
+            cluster=name, timeout=deadline, priority=core.RoutingPriority.DEFAULT)))
     filters = []
     if limits.adaptive:
         gradient = adaptive.GradientControllerConfig(
@@ -127,40 +162,59 @@ def bootstrap(listen_port: int, upstream_port: int, admin_port: int, limits: Gat
                 interval=timedelta(seconds=30), request_count=50, min_concurrency=1))
         filters.append(hcm.HttpFilter(name="envoy.filters.http.adaptive_concurrency", typed_config=Any.pack(
             adaptive.AdaptiveConcurrency(gradient_controller_config=gradient))))
-    filters.append(hcm.HttpFilter(name="envoy.filters.http.router", typed_config=Any.pack(router.Router())))
-    manager = hcm.HttpConnectionManager(
-        stat_prefix="ingress", codec_type=hcm.HttpConnectionManagerCodecType.AUTO, route_config=routes,
-        http_filters=filters)
-    ingress = listener.Listener(
-        name="grpc", address=address(listen_address, listen_port),
-        filter_chains=[listener.FilterChain(filters=[listener.Filter(
-            name="envoy.filters.network.http_connection_manager", typed_config=Any.pack(manager))])])
+    router_filter = hcm.HttpFilter(name="envoy.filters.http.router", typed_config=Any.pack(router.Router()))
+
+    def http_listener(name: str, port: int, virtual_host, http_filters):
+        manager = hcm.HttpConnectionManager(
+            stat_prefix=name, codec_type=hcm.HttpConnectionManagerCodecType.AUTO,
+            route_config=route.RouteConfiguration(name=name, virtual_hosts=[virtual_host]), http_filters=http_filters)
+        return listener.Listener(name=name, address=address(listen_address, port), filter_chains=[
+            listener.FilterChain(filters=[listener.Filter(name="envoy.filters.network.http_connection_manager",
+                                                          typed_config=Any.pack(manager))])])
+
+    listeners = [http_listener("ingress", listen_port, route.VirtualHost(name="triton", domains=["*"], routes=routes),
+                               filters + [router_filter])]
     thresholds = [
         cluster.CircuitBreakersThresholds(priority=core.RoutingPriority.DEFAULT, max_requests=limits.max_requests,
                                           max_pending_requests=limits.max_requests, max_retries=0),
         cluster.CircuitBreakersThresholds(priority=core.RoutingPriority.HIGH, max_requests=limits.max_requests_high,
                                           max_pending_requests=limits.max_requests_high, max_retries=0),
     ]
-    http2 = upstream_http.HttpProtocolOptions(explicit_http_config=upstream_http.HttpProtocolOptionsExplicitHttpConfig(
-        http2_protocol_options=core.Http2ProtocolOptions()))
-    triton = cluster.Cluster(
-        name=UPSTREAM, type=cluster.ClusterDiscoveryType.STATIC, connect_timeout=timedelta(seconds=1),
-        circuit_breakers=cluster.CircuitBreakers(thresholds=thresholds),
-        typed_extension_protocol_options={"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": Any.pack(http2)},
-        load_assignment=endpoint.ClusterLoadAssignment(cluster_name=UPSTREAM, endpoints=[endpoint.LocalityLbEndpoints(
-            lb_endpoints=[endpoint.LbEndpoint(endpoint=endpoint.Endpoint(
-                address=address(upstream_address, upstream_port)))])]))
+
+    def triton_cluster(name: str, port: int, http2: bool, breakers=None):
+        options = {}
+        if http2:
+            h2 = upstream_http.HttpProtocolOptions(explicit_http_config=upstream_http.HttpProtocolOptionsExplicitHttpConfig(
+                http2_protocol_options=core.Http2ProtocolOptions()))
+            options = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": Any.pack(h2)}
+        return cluster.Cluster(
+            name=name, type=cluster.ClusterDiscoveryType.STATIC, connect_timeout=timedelta(seconds=1),
+            circuit_breakers=breakers, typed_extension_protocol_options=options,
+            load_assignment=endpoint.ClusterLoadAssignment(cluster_name=name, endpoints=[endpoint.LocalityLbEndpoints(
+                lb_endpoints=[endpoint.LbEndpoint(endpoint=endpoint.Endpoint(address=address(up.address, port)))])]))
+
+    breakers = cluster.CircuitBreakers(thresholds=thresholds)
+    clusters = [triton_cluster(UPSTREAM, up.grpc_port, True, breakers)]
+    if up.http_port:
+        clusters.append(triton_cluster(UPSTREAM_HTTP, up.http_port, False, breakers))
+    if probe_port:
+        probe_routes = [route.Route(match=route.RouteMatch(path=p), route=route.RouteAction(
+            cluster=UPSTREAM_PROBE, timeout=timedelta(seconds=5))) for p in PROBE_PATHS if up.http_port]
+        if up.metrics_port:
+            probe_routes.append(route.Route(match=route.RouteMatch(path="/metrics"), route=route.RouteAction(
+                cluster=UPSTREAM_METRICS, timeout=timedelta(seconds=10))))
+            clusters.append(triton_cluster(UPSTREAM_METRICS, up.metrics_port, False))
+        if up.http_port:
+            clusters.append(triton_cluster(UPSTREAM_PROBE, up.http_port, False))
+        probe_routes.append(route.Route(match=route.RouteMatch(prefix="/"), direct_response=route.DirectResponseAction(
+            status=404)))
+        listeners.append(http_listener("probes", probe_port, route.VirtualHost(name="probes", domains=["*"],
+                                                                               routes=probe_routes), [router_filter]))
     config = boot.Bootstrap(
-        admin=boot.Admin(address=address("127.0.0.1", admin_port)),
+        admin=boot.Admin(address=address("127.0.0.1", admin_port)),  # never outside the pod: it can stop Envoy
         stats_flush_interval=timedelta(seconds=1),  # the admin's counters lag by at most this
-        static_resources=boot.BootstrapStaticResources(listeners=[ingress], clusters=[triton]))
+        static_resources=boot.BootstrapStaticResources(listeners=listeners, clusters=clusters))
     return config.to_dict()
-
-
-def _exact(value: str):
-    import envoy_data_plane.envoy.type.matcher.v3 as matcher
-
-    return matcher.StringMatcher(exact=value)
 
 
 def write(path: Path, config: dict) -> bool:

