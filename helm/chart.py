@@ -43,7 +43,8 @@ class MissingExtra(KitError):
 
 
 # The packages of the `deploy` extra (pyproject.toml), by the module each one installs.
-DEPLOY_EXTRA = {"helm_python": "helm-python-sdk", "kubernetes_validate": "kubernetes-validate"}
+DEPLOY_EXTRA = {"helm_python": "helm-python-sdk", "kubernetes_validate": "kubernetes-validate",
+                "envoy_data_plane": "envoy-data-plane"}
 
 
 def require_deploy_extra() -> None:

@@ -20,6 +20,7 @@ import yaml
 
 from tritonkit.build_engines.build import raise_failures, table
 from tritonkit.build_engines.node_plan import node_plan, node_plan_problems
+from tritonkit.configs.gateway import Upstream, bootstrap, limits_for
 from tritonkit.configs.generate import generate
 from tritonkit.configs.loader import resolve
 from tritonkit.configs.steps import build_then_configs
@@ -178,6 +179,8 @@ def chart_values(spec: Spec, repo: Path, tune: bool | None = None, bundle_sha: s
         "tune": {"models": names},
         "locust": {"enabled": d.locust.enabled, "workers": d.locust.workers, "model": d.locust.model or names[0]},
     }
+    if s.gateway.enabled:
+        values["gateway"] = gateway_values(spec, served, ports)
     if d.locust.enabled:
         values["locust"]["locustfile"] = locustfile_text()
     if kit_image:
@@ -190,6 +193,21 @@ def chart_values(spec: Spec, repo: Path, tune: bool | None = None, bundle_sha: s
     if (d.tuner or tune_on) and not values["modelRepository"].get("spec"):
         values["modelRepository"]["spec"] = _spec_for_tuner(spec, tuned=tune_on)
     return values
+
+
+GATEWAY_PORTS = {"traffic": 8010, "probes": 8011, "admin": 9901}  # the chart's defaults
+
+
+def gateway_values(spec: Spec, served: list[str], ports: dict[str, int]) -> dict:
+    """The Envoy sidecar: its bootstrap from the tuned limits (`configs.gateway.limits_for`, exit 2
+    without one), listening on the pod's address, Triton behind it on the loopback."""
+    g = spec.server.gateway
+    gw_ports = {**GATEWAY_PORTS, **({"traffic": g.port} if g.port else {}),
+                **({"admin": g.admin_port} if g.admin_port else {})}
+    upstream = Upstream(grpc_port=ports["grpc"], http_port=ports["http"], metrics_port=ports["metrics"])
+    config = bootstrap(gw_ports["traffic"], upstream, gw_ports["admin"], limits_for(spec, served),
+                       listen_address="0.0.0.0", probe_port=gw_ports["probes"])
+    return {"enabled": True, "ports": gw_ports, "bootstrap": json.dumps(config, sort_keys=True)}
 
 
 def on_node(repo: Path, served: list[str]) -> list[str]:

