@@ -18,8 +18,11 @@ Python generator. The kit drives it so that its numbers mean what the other engi
   engines'. Where the kit uses PA as its cheapest client (the judge, tuner trials, the serving
   bench) and the server is on this machine, `shared_memory` passes them through system shared
   memory instead, as Triton users run PA on one host: it takes less of the cores the server
-  shares, and the export then records no tensor values (a few hundred bytes a request, where
-  gigabytes would pass through PA's memory at thousands of requests a second).
+  shares, and the export then records one value a tensor (a few hundred bytes a request, where
+  gigabytes would pass through PA's memory at thousands of requests a second). That value is
+  whatever bytes PA finds where it looks, now and then a NaN, at which PA's JSON writer stops
+  without flushing its last 64 KB: the export ends early or holds nothing. Such a run is
+  measured again with tensors over gRPC.
 PA gives up on a measurement at the first failed request (a full queue, a queue timeout): the run
 then raises `PerfAnalyzerStopped` with Triton's own count of what it served and refused.
 """
@@ -53,6 +56,8 @@ WINDOWS = 3  # PA's stability rule needs three windows before it reports anythin
 WINDOW_SLEEP = 1.2  # PA sleeps 1.2 windows per measurement window
 GENERATED_SAMPLES = 16  # distinct payloads where the rules vary the shape
 _PAIR = re.compile(rb'"timestamp":(\d+)|"response_timestamps":\[(\d*)')
+_END = re.compile(rb'"version":"[^"]*"(,"\w+":"[^"]*")*\}\s*$')  # written after every experiment
+_END_SPAN = 4096
 _DELAYED = re.compile(r"([\d.]+)% of the requests were delayed")
 _THREAD_ERROR = re.compile(r"Thread \[\d+\] had error: (.+)")
 
@@ -99,14 +104,15 @@ def run_pa(url: str, model: str, load: Load, classes: list[RequestClass] | None 
         samples = [sampler(1) for _ in range(count)]
         with tempfile.TemporaryDirectory(prefix="tritonkit-pa-") as tmp:
             args = _arguments(model, url, load, cls, samples, sampler.batched, Path(tmp), seed)
+            shm = len(args)
             if shared_memory and _local(url) and not any(m.datatype == "BYTES" for m in (*meta.inputs, *meta.outputs)):
                 args += ["--shared-memory", "system", "--output-shared-memory-size",
                          str(_output_bytes(client, model, samples, cls.batch, sampler.batched))]
             try:
                 return _measure(pa, args, client, model, load, cls, Path(tmp) / "export.fifo")
-            except PerfAnalyzerLostExport:  # now and then, not twice running: the same run once more
-                log("perf_analyzer lost its export; measuring the run again")
-                return _measure(pa, args, client, model, load, cls, Path(tmp) / "export.fifo")
+            except PerfAnalyzerLostExport as e:
+                log(f"{e}; measuring the run again with tensors over gRPC")
+                return _measure(pa, args[:shm], client, model, load, cls, Path(tmp) / "export.fifo")
 
 
 def _arguments(model: str, url: str, load: Load, cls: RequestClass, samples: list[dict[str, np.ndarray]],
@@ -172,7 +178,8 @@ def _measure(pa: pa_install.PerfAnalyzer, args: list[str], client: Client, model
     fifo.unlink(missing_ok=True)  # a run measured again makes its own
     os.mkfifo(fifo)
     pairs: list[tuple[int, int | None]] = []
-    reader = threading.Thread(target=lambda: pairs.extend(_export_pairs(fifo)), daemon=True)
+    ended: list[bool] = []
+    reader = threading.Thread(target=lambda: pairs.extend(_export_pairs(fifo, ended)), daemon=True)
     reader.start()
     lines: list[str] = []
     started = threading.Event()
@@ -223,11 +230,12 @@ def _measure(pa: pa_install.PerfAnalyzer, args: list[str], client: Client, model
             f"warm-up Triton served {served} of this model's requests and timed out {failed} (it does not count "
             f"queue-full refusals); to measure a load that is refused in part use --engine asyncio",
             served, failed, errors)
-    if not pairs:  # it ran, yet its export held no request: say what it printed rather than report nothing
+    if not pairs or not ended:  # its export is cut short: say what it printed rather than report a part
         said = " | ".join(x.strip() for x in lines[-6:] if x.strip())
-        raise PerfAnalyzerLostExport(f"perf_analyzer finished but its profile export held no request (exit "
-                                     f"{proc.returncode}; Triton served {served} after the warm-up); it said: "
-                                     f"{said[:400]}")
+        held = "ended early, after" if pairs else "held"
+        raise PerfAnalyzerLostExport(f"perf_analyzer finished but its profile export {held} {len(pairs)} requests "
+                                     f"(exit {proc.returncode}; Triton served {served} after the "
+                                     f"warm-up); it said: {said[:400]}")
     _fill(out, pairs, load, cls.name, failed, next(iter(errors), "other"))
     for line in lines:
         if m := _DELAYED.search(line):
@@ -267,14 +275,16 @@ def _counts(before: dict, after: dict) -> tuple[int, int]:
     return count(after, "success") - count(before, "success"), count(after, "fail") - count(before, "fail")
 
 
-def _export_pairs(fifo: Path, chunk: int = 1 << 20) -> Iterator[tuple[int, int | None]]:
-    """(send ns, first response ns or None) per request, streamed from PA's profile export."""
+def _export_pairs(fifo: Path, ended: list[bool], chunk: int = 1 << 20) -> Iterator[tuple[int, int | None]]:
+    """(send ns, first response ns or None) per request, streamed from PA's profile export;
+    `ended` gains True when the document got to its end (its last members follow the requests)."""
     pending: int | None = None
-    rest = b""
+    rest = tail = b""
     with open(fifo, "rb") as f:  # blocks until PA opens it to write (or _unblock does)
         while True:
             block = f.read(chunk)
             buf = rest + block
+            tail = (tail + block)[-_END_SPAN:]
             done = 0
             for m in _PAIR.finditer(buf):
                 if block and m.end() == len(buf):
@@ -286,6 +296,8 @@ def _export_pairs(fifo: Path, chunk: int = 1 << 20) -> Iterator[tuple[int, int |
                     yield pending, int(m.group(2)) if m.group(2) else None
                     pending = None
             if not block:
+                if _END.search(tail):
+                    ended.append(True)
                 return
             rest = buf[max(done, len(buf) - 64):]  # a key cut in two lies within its last 64 bytes
 
