@@ -144,8 +144,8 @@ def bootstrap(listen_port: int, upstream: Upstream | int, admin_port: int, limit
     routes = []
     for name, by_protocol in protocols:  # gRPC first: the HTTP routes match whatever is left
         for prefix in CONTROL_PREFIXES:
-            routes.append(route.Route(match=route.RouteMatch(prefix=prefix, headers=by_protocol), route=route.RouteAction(
-                cluster=name, timeout=timedelta(0), priority=core.RoutingPriority.HIGH)))
+            control = route.RouteAction(cluster=name, timeout=timedelta(0), priority=core.RoutingPriority.HIGH)
+            routes.append(route.Route(match=route.RouteMatch(prefix=prefix, headers=by_protocol), route=control))
         routes.append(route.Route(match=route.RouteMatch(prefix="/", headers=by_protocol + [interactive]),
                                   route=route.RouteAction(cluster=name, timeout=deadline,
                                                           priority=core.RoutingPriority.HIGH)))
@@ -184,8 +184,9 @@ def bootstrap(listen_port: int, upstream: Upstream | int, admin_port: int, limit
     def triton_cluster(name: str, port: int, http2: bool, breakers=None):
         options = {}
         if http2:
-            h2 = upstream_http.HttpProtocolOptions(explicit_http_config=upstream_http.HttpProtocolOptionsExplicitHttpConfig(
-                http2_protocol_options=core.Http2ProtocolOptions()))
+            explicit = upstream_http.HttpProtocolOptionsExplicitHttpConfig(
+                http2_protocol_options=core.Http2ProtocolOptions())
+            h2 = upstream_http.HttpProtocolOptions(explicit_http_config=explicit)
             options = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": Any.pack(h2)}
         return cluster.Cluster(
             name=name, type=cluster.ClusterDiscoveryType.STATIC, connect_timeout=timedelta(seconds=1),

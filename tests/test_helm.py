@@ -392,7 +392,8 @@ def test_services_and_network_policy(case):
     inference = rules[("gateway",) if name.startswith("gateway") else ("grpc", "http")]
     if name.startswith("gateway"):  # behind Envoy, the Service reaches only it
         assert {p["targetPort"] for p in svc["spec"]["ports"]} == {"gateway"}
-    if name in ("everything", "fetch-tune", "gateway-everything"):  # allowExternal off: labelled clients, and Locust or the tune Job
+    # allowExternal off: labelled clients, and Locust or the tune Job
+    if name in ("everything", "fetch-tune", "gateway-everything"):
         peers = [f["podSelector"]["matchLabels"] for f in inference["from"]]
         assert {"edge-triton-edge-client"} <= {k for f in peers for k in f}
         components = {f.get("app.kubernetes.io/component") for f in peers} - {None}
