@@ -5,16 +5,18 @@ from tritonkit.clients.client import AsyncClient, Client, ModelMeta
 from tritonkit.clients.errors import (
     AccessDeniedError,
     BadInputError,
+    DeadlineExceededError,
     ModelNotReadyError,
     QueueFullError,
+    RefusedError,
     RequestTimeoutError,
+    ThrottledError,
     TritonRequestError,
     UnavailableError,
     classify,
 )
 from tritonkit.clients.router import (
     AsyncRouter,
-    DeadlineExceededError,
     NoEndpointError,
     Routed,
     Router,
@@ -23,6 +25,6 @@ from tritonkit.clients.router import (
 
 __all__ = [
     "AccessDeniedError", "AsyncClient", "AsyncRouter", "BadInputError", "Client", "DeadlineExceededError",
-    "ModelMeta", "ModelNotReadyError", "NoEndpointError", "QueueFullError", "RequestTimeoutError", "Routed",
-    "Router", "RouterPolicy", "TritonRequestError", "UnavailableError", "classify",
+    "ModelMeta", "ModelNotReadyError", "NoEndpointError", "QueueFullError", "RefusedError", "RequestTimeoutError",
+    "Routed", "Router", "RouterPolicy", "ThrottledError", "TritonRequestError", "UnavailableError", "classify",
 ]

@@ -168,9 +168,9 @@ class Client(_Base):
 
     def infer(self, model: str, arrays: dict[str, np.ndarray], *, priority: int = 0,
               timeout_us: int | None = None, outputs: list[str] | None = None,
-              request_id: str = "") -> dict[str, np.ndarray]:
+              request_id: str = "", headers: dict[str, str] | None = None) -> dict[str, np.ndarray]:
         inputs, outs = self._build(arrays, outputs)
-        result = self._call(self._c.infer, model, inputs, outputs=outs,
+        result = self._call(self._c.infer, model, inputs, outputs=outs, headers=headers,
                             **self._infer_kwargs(priority, timeout_us, request_id))
         return self._read(result, outputs)
 
@@ -237,9 +237,13 @@ class AsyncClient(_Base):
 
     async def infer(self, model: str, arrays: dict[str, np.ndarray], *, priority: int = 0,
                     timeout_us: int | None = None, outputs: list[str] | None = None,
-                    request_id: str = "") -> dict[str, np.ndarray]:
+                    request_id: str = "", headers: dict[str, str] | None = None,
+                    deadline_s: float | None = None) -> dict[str, np.ndarray]:
+        """`headers` travel with the request (a gateway routes on them); `deadline_s` (gRPC) cancels
+        a request still unanswered then, as DeadlineExceededError."""
         inputs, outs = self._build(arrays, outputs)
-        result = await self._call(self._c.infer, model, inputs, outputs=outs,
+        extra = {"client_timeout": deadline_s} if deadline_s is not None and self.protocol == "grpc" else {}
+        result = await self._call(self._c.infer, model, inputs, outputs=outs, headers=headers, **extra,
                                   **self._infer_kwargs(priority, timeout_us, request_id))
         return self._read(result, outputs)
 

@@ -29,6 +29,23 @@ class RequestTimeoutError(TritonRequestError):
     kind = "timeout"
 
 
+class DeadlineExceededError(RequestTimeoutError):
+    """No answer within the request's deadline: the client's own (across a router's attempts), or
+    the gateway's route timeout, which cancels the request upstream rather than answer it late."""
+    kind = "deadline"
+
+
+class RefusedError(TritonRequestError):
+    """The gateway's admission turned the request away at once: its limit of requests in flight
+    was full (Envoy's circuit breaker overflowed)."""
+    kind = "refused"
+
+
+class ThrottledError(TritonRequestError):
+    """The client's own adaptive throttle refused the request without sending it (clients/throttle.py)."""
+    kind = "throttled"
+
+
 class BadInputError(TritonRequestError):
     """Wrong shape, dtype or input name: the request itself is wrong."""
     kind = "bad_input"
@@ -52,6 +69,9 @@ class UnavailableError(TritonRequestError):
 
 _PATTERNS: list[tuple[tuple[str, ...], type[TritonRequestError]]] = [
     (("exceeds maximum queue size",), QueueFullError),
+    # Envoy's words in front of Triton: its circuit breaker, and its route timeout
+    (("reset reason: overflow",), RefusedError),
+    (("upstream request timeout", "deadline exceeded"), DeadlineExceededError),
     (("request timeout expired", "timeout expired"), RequestTimeoutError),
     (("unexpected shape", "unexpected datatype", "data-type is", "unexpected inference input",
       "invalid argument", "unable to find", "must specify", "inputs disagree", "is missing",

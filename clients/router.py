@@ -40,16 +40,11 @@ from tritonkit.clients.breaker import CircuitBreaker
 from tritonkit.clients.client import AsyncClient, ModelMeta
 from tritonkit.clients.coalesce import SingleFlight, request_key
 from tritonkit.clients.endpoint import Endpoint, LatencyWindow
-from tritonkit.clients.errors import RequestTimeoutError, TritonRequestError, UnavailableError
+from tritonkit.clients.errors import DeadlineExceededError, TritonRequestError, UnavailableError
 from tritonkit.errors import InputError, flag_problem, input_error
 
 # The request itself is wrong: every endpoint would refuse it, so neither retry nor blame the endpoint.
 NOT_RETRYABLE = frozenset({"bad_input", "access_denied"})
-
-
-class DeadlineExceededError(RequestTimeoutError):
-    """No endpoint answered within the request's deadline (client side, across all attempts)."""
-    kind = "deadline"
 
 
 class NoEndpointError(UnavailableError):
@@ -222,14 +217,17 @@ class AsyncRouter:
 
     async def infer_routed(self, model: str, arrays: dict[str, np.ndarray], *, priority: int = 0,
                            timeout_us: int | None = None, outputs: list[str] | None = None,
-                           request_id: str = "", deadline_s: float | None = None) -> Routed:
-        """One request through the router, and where it was answered. `priority` and `timeout_us`
-        (Triton's queue timeout) go to Triton as given; `deadline_s` bounds all attempts together."""
+                           request_id: str = "", deadline_s: float | None = None,
+                           headers: dict[str, str] | None = None) -> Routed:
+        """One request through the router, and where it was answered. `priority`, `timeout_us`
+        (Triton's queue timeout) and `headers` go to Triton as given; `deadline_s` bounds all
+        attempts together."""
         if self._pinger is None:
             raise RuntimeError("the router is not started: use `async with AsyncRouter(...)` or await start()")
         self.requests += 1
         deadline = time.monotonic() + (deadline_s if deadline_s is not None else self.policy.deadline_s)
-        kw = {"priority": priority, "timeout_us": timeout_us, "outputs": outputs, "request_id": request_id}
+        kw = {"priority": priority, "timeout_us": timeout_us, "outputs": outputs, "request_id": request_id,
+              "headers": headers}
         try:
             if self._flight is None:
                 routed = await self._route(model, arrays, kw, deadline)

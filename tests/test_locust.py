@@ -27,7 +27,8 @@ CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver"
 # can reject a request when this shared machine stalls: failures are counted, not fatal.
 CLASSES = [{"name": "interactive", "weight": 1, "priority": 1, "batch": 1},
            {"name": "bulk", "weight": 3, "priority": 2, "batch": 2}]
-KINDS = {"queue_full", "timeout", "bad_input", "not_ready", "access_denied", "unavailable", "other"}
+KINDS = {"queue_full", "timeout", "deadline", "refused", "bad_input", "not_ready", "access_denied", "unavailable",
+         "other"}
 
 
 def _env(**extra: str) -> dict[str, str]:
