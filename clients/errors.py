@@ -70,7 +70,7 @@ class UnavailableError(TritonRequestError):
 _PATTERNS: list[tuple[tuple[str, ...], type[TritonRequestError]]] = [
     (("exceeds maximum queue size",), QueueFullError),
     # Envoy's words in front of Triton: its circuit breaker, and its route timeout
-    (("reset reason: overflow",), RefusedError),
+    (("reset reason: overflow", "reached concurrency limit"), RefusedError),
     (("upstream request timeout", "deadline exceeded"), DeadlineExceededError),
     (("request timeout expired", "timeout expired"), RequestTimeoutError),
     (("unexpected shape", "unexpected datatype", "data-type is", "unexpected inference input",

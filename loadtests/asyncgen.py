@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 
 from tritonkit.clients import AsyncClient, TritonRequestError
+from tritonkit.configs.gateway import CLASS_HEADER
 from tritonkit.loadtests.load import Load, Outcome, RequestClass, Sample
 from tritonkit.loadtests.stalls import watch
 
@@ -65,7 +66,8 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
             arrays = payload(cls)
             sent = time.perf_counter()
             try:
-                r = await send(model, arrays, priority=cls.priority, timeout_us=cls.timeout_us)
+                r = await send(model, arrays, priority=cls.priority, timeout_us=cls.timeout_us,
+                               headers={CLASS_HEADER: cls.name})  # a gateway routes on the class
                 sample = Sample(cls.name, scheduled, sent, time.perf_counter() - sent,
                                 endpoint=getattr(r, "endpoint", None))
             except TritonRequestError as e:
