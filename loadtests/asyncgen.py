@@ -44,6 +44,7 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
         meta = await client.metadata(model)
         sampler = meta.sampler(input_data, seed)
         payloads = {c.name: sampler(c.batch) for c in classes}
+        headers = {c.name: {CLASS_HEADER: c.name} for c in classes}  # a gateway routes on the class
         fresh = duplicates is None and sampler.varies
         send = getattr(client, "infer_routed", client.infer)  # a router also says where it was answered
 
@@ -67,7 +68,7 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
             sent = time.perf_counter()
             try:
                 r = await send(model, arrays, priority=cls.priority, timeout_us=cls.timeout_us,
-                               headers={CLASS_HEADER: cls.name})  # a gateway routes on the class
+                               headers=headers[cls.name])
                 sample = Sample(cls.name, scheduled, sent, time.perf_counter() - sent,
                                 endpoint=getattr(r, "endpoint", None))
             except TritonRequestError as e:

@@ -104,15 +104,15 @@ def run_pa(url: str, model: str, load: Load, classes: list[RequestClass] | None 
         samples = [sampler(1) for _ in range(count)]
         with tempfile.TemporaryDirectory(prefix="tritonkit-pa-") as tmp:
             args = _arguments(model, url, load, cls, samples, sampler.batched, Path(tmp), seed)
-            shm = len(args)
+            shm = []
             if shared_memory and _local(url) and not any(m.datatype == "BYTES" for m in (*meta.inputs, *meta.outputs)):
-                args += ["--shared-memory", "system", "--output-shared-memory-size",
-                         str(_output_bytes(client, model, samples, cls.batch, sampler.batched))]
+                shm = ["--shared-memory", "system", "--output-shared-memory-size",
+                       str(_output_bytes(client, model, samples, cls.batch, sampler.batched))]
             try:
-                return _measure(pa, args, client, model, load, cls, Path(tmp) / "export.fifo")
+                return _measure(pa, args + shm, client, model, load, cls, Path(tmp) / "export.fifo")
             except PerfAnalyzerLostExport as e:
                 log(f"{e}; measuring the run again with tensors over gRPC")
-                return _measure(pa, args[:shm], client, model, load, cls, Path(tmp) / "export.fifo")
+                return _measure(pa, args, client, model, load, cls, Path(tmp) / "export.fifo")
 
 
 def _arguments(model: str, url: str, load: Load, cls: RequestClass, samples: list[dict[str, np.ndarray]],
@@ -284,7 +284,7 @@ def _export_pairs(fifo: Path, ended: list[bool], chunk: int = 1 << 20) -> Iterat
         while True:
             block = f.read(chunk)
             buf = rest + block
-            tail = (tail + block)[-_END_SPAN:]
+            tail = (tail + block[-_END_SPAN:])[-_END_SPAN:]  # never a copy of the whole block
             done = 0
             for m in _PAIR.finditer(buf):
                 if block and m.end() == len(buf):
