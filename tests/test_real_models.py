@@ -267,5 +267,5 @@ def test_tune_measures_realistic_inputs(site, name, tmp_path, probed):
         served_ms = sum(c * ms for c, ms in ones) / sum(c for c, _ in ones)
         direct_ms = _direct_ms(site, DETECTOR_OPT)
         print(f"detector at opt {DETECTOR_OPT}: Triton compute {served_ms:.2f} ms, ONNX Runtime {direct_ms:.2f} ms")
-        # at least half an opt-sized run (1x1 dims cost a small fraction); above it, the runner's copies
-        assert direct_ms / 2 <= served_ms <= 10 * direct_ms  # wide: two timings on a shared box
+        # at least a quarter of an opt-sized run (1x1 dims cost a small fraction); above it, the runner's copies
+        assert direct_ms / 4 <= served_ms <= 20 * direct_ms  # wide: two timings on a shared box
