@@ -94,8 +94,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
         configs = {"spec": written}
         if written.model(model.name) != model:
             configs["tuned"] = spec  # tuned.yaml names this model
+        raise_flag_problems([("--runs", a.runs >= 1, "measure each approach at least once, e.g. 3")])
         run_overload_bench(configs, model.name, a.out / "overload_repo", a.state_dir, a.out,
-                           seconds=a.seconds, log=say)
+                           seconds=a.seconds, runs=a.runs, log=say)
         say(f"wrote {a.out / 'bench_overload.json'}")
     elif a.what == "serving":
         raise_flag_problems([("--max-batch", a.max_batch >= 1, "use a max batch of 1 or more"),
@@ -149,7 +150,9 @@ def register(sub) -> None:
                          "(and counted in the real tunings under --real); "
                          "floor: one config's figure measured again and again (how closely two figures "
                          "measured on this box can agree); "
-                         "overload: the spec's and the tuned config at 0.8x, 1.5x and 3x their capacity; "
+                         "overload: four ways of refusing load (Triton's queue policies, the gateway fixed "
+                         "and adaptive, the client's throttle) at 0.8x to 3x the claim, for the spec's and "
+                         "the tuned config; "
                          "serving: raw ONNX Runtime against the same model served by the kit; "
                          "footprint: install size per extra, idle memory of the server and the tuner sidecar; "
                          "routing: the edge/cloud router over a delayed link (shares, time to switch)")
@@ -191,7 +194,8 @@ def register(sub) -> None:
     sp.add_argument("--max-batch", type=int, default=16, help="serving: the largest batch (also 1 and 8)")
     sp.add_argument("--threads", type=int, default=1, help="serving: ONNX Runtime threads, raw and per instance")
     sp.add_argument("--instances", type=int, default=1, help="serving: instances of the served model")
-    sp.add_argument("--runs", type=int, default=3, help="routing: step runs (edge slows down, then recovers)")
+    sp.add_argument("--runs", type=int, default=3, help="routing: step runs (edge slows down, then recovers); "
+                                                                 "overload: runs per approach and load")
     sp.add_argument("--requests", type=int, default=300, help="routing: requests per fixed case")
     sp.add_argument("--concurrency", type=int, default=4, help="routing: requests in flight")
     sp.add_argument("--delay-ms", type=float, default=15.0, help="routing: the cloud link's delay, each way")

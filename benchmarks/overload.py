@@ -1,21 +1,30 @@
-"""`tritonkit bench overload` (`make bench`): what a config does when more load arrives than the
-server can take, for the spec's config as written and the tuned one (tuned.yaml), side by side.
+"""`tritonkit bench overload` (`make bench`): what each way of refusing load does when more arrives
+than the server can take, for the spec's config as written and the tuned one (tuned.yaml).
 
-Per config: its capacity is measured first on a copy without queue policy or priority levels
-(Triton's prefetch on, the most the batch size and instances can serve), closed loop. Then
-open-loop Poisson load at 0.8x, 1.5x and 3x that capacity, a quarter interactive (priority 1)
-and the rest bulk (the default priority). Reported, each measured in this run:
-- goodput ratio: requests answered within the SLO per second, over the capacity;
-- P95 per class of the answered requests;
-- how fast a refusal comes back (P95 of a failed request's latency): a bounded queue says
-  "full" at once; a stalled batcher or a timeout takes its time;
-- whether the load generator, not the server, limited the run (the row says so rather than
-  passing off its figure).
+The capacity is the claim a tuner makes: the highest Poisson rate at which P95 <= SLO, measured in
+this run on a copy of the model without queue policy or priority levels (Triton's prefetch on, the
+most its batch size and instances serve within the SLO). An ideal admission control serves exactly
+that rate within the SLO whatever arrives, and turns the rest away at once. Four approaches, each
+at 0.8x, 1.5x, 2x and 3x the claim, interleaved run by run so that a noisy minute on this shared box
+falls on all of them alike:
 
-Overload is the server's to handle, not the machine's: on a box of a few cores, a generator
-offering 3x competes with the server for the same cores and the figures measure that contest.
-So the server (and its backend stubs) run on half the cores and the generator on the other half,
-as clients on other machines would; the result names both sets.
+- queue_policy: Triton alone, the config as written (its priority levels and queue policies);
+- gateway_fixed: Envoy in front of the policy-free copy, its circuit breaker at the in-flight
+  limit Little's law gives at the claim (configs/gateway.py), its route timeout the SLO;
+- gateway_adaptive: the same with Envoy's adaptive concurrency filter moving the limit;
+- client_throttle: no gateway; the client refuses locally by the SRE formula (clients/throttle.py)
+  and sends each request with the SLO as its gRPC deadline.
+
+A quarter of the traffic is interactive: priority 1 for Triton's queues, the HIGH route for the
+gateway. Reported per run, all measured here: goodput (answered within the SLO per second) over the
+claim; interactive requests answered within the SLO over min(those offered, a quarter of the claim);
+a refusal's P95 (every failure but a deadline, which takes the SLO by construction); late answers
+(accepted and answered after the SLO, or still out after the drain); the CPU each process used.
+
+Overload is the server's to handle, not the machine's: the server, its backend stubs and the
+gateways (sidecars in a pod) share half the cores, the generator has the other half, and the
+result names both sets. Then the gateway's own cost: direct and through the gateway at half the
+claim, A B B A.
 """
 
 from __future__ import annotations
@@ -24,19 +33,40 @@ import asyncio
 import contextlib
 import json
 import os
+import statistics
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
+from tritonkit.clients import AsyncClient
+from tritonkit.clients.throttle import AdaptiveThrottle, ThrottledClient
+from tritonkit.configs.gateway import GatewayLimits, Upstream, bootstrap
+from tritonkit.configs.gateway import write as write_gateway
 from tritonkit.configs.generate import generate
 from tritonkit.files import write_bytes_atomic
+from tritonkit.gateway import LocalEnvoy
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, Outcome, RequestClass, generator_health
-from tritonkit.loadtests.results import SCHEMA, class_summary
+from tritonkit.loadtests.results import SCHEMA
+from tritonkit.server import free_port
 from tritonkit.serving import running
 from tritonkit.spec import Spec
+from tritonkit.stats import percentile
 
-FACTORS = (0.8, 1.5, 3.0)
+FACTORS = (0.8, 1.5, 2.0, 3.0)
+RUNS = 3
+INTERACTIVE_SHARE = 0.25
+APPROACHES = ("queue_policy", "gateway_fixed", "gateway_adaptive", "client_throttle")
+THROTTLE_K = 2.0  # the SRE book's suggestion
+CLAIM_STEPS = 6  # bisection below the closed-loop bound: within 1/64 of it
+DRAIN_S = 2.0  # far past any SLO: a request still out then is late, and counted so
+# Triton's queues see the priority; on the policy-free copy (no priority levels) both classes are
+# priority 0 and the gateway tells them apart by the class header run_load sends.
 CLASSES = [RequestClass("interactive", weight=1, priority=1), RequestClass("bulk", weight=3, priority=0)]
+FREE_CLASSES = [RequestClass("interactive", weight=1), RequestClass("bulk", weight=3)]
 
 
 def _renamed(spec: Spec, model: str, name: str, free: bool = False):
@@ -49,49 +79,235 @@ def _renamed(spec: Spec, model: str, name: str, free: bool = False):
     return m
 
 
-def summarize(out: Outcome, load: Load, capacity: float, slo_ms: float) -> dict:
-    """One row: the result schema's class summaries (loadtests/results.py), plus goodput within the SLO."""
-    def p95(summary: dict) -> float | None:
-        return None if summary["p95_ms"] != summary["p95_ms"] else summary["p95_ms"]  # NaN: none answered
-
-    overall = class_summary(out.samples, load.duration_s)
-    rows = {}
-    for c in CLASSES:
-        cs = class_summary([s for s in out.samples if s.cls == c.name], load.duration_s)
-        rows[c.name] = {"requests": cs["requests"], "ok": cs["ok"], "p95_ms": p95(cs)}
-    within = sum(1 for s in out.samples if s.latency_s is not None and s.latency_s * 1e3 <= slo_ms) / load.duration_s
+def summarize(out: Outcome, load: Load, claim: float, slo_ms: float) -> dict:
+    """One run's row: goodput over the claim, the interactive class's share served within the SLO,
+    a refusal's P95, late answers, errors by kind."""
+    slo_s = slo_ms / 1000
+    within = [s for s in out.samples if s.latency_s is not None and s.latency_s <= slo_s]
+    interactive = [s for s in out.samples if s.cls == "interactive"]
+    offered_i = len(interactive) / load.duration_s
+    within_i = sum(1 for s in within if s.cls == "interactive") / load.duration_s
+    due_i = min(offered_i, INTERACTIVE_SHARE * claim)
+    refused = [s.failed_after_s for s in out.samples if s.failed_after_s is not None and s.kind != "deadline"]
+    errors: dict[str, int] = {}
+    for s in out.samples:
+        if s.kind:
+            errors[s.kind] = errors.get(s.kind, 0) + 1
+    late = sum(1 for s in out.samples if s.latency_s is not None and s.latency_s > slo_s) + out.unanswered
     health = generator_health(load, out)
-    return {"offered_rps": load.rate, "goodput_rps": round(within, 1),
-            "goodput_ratio": round(within / capacity, 3) if capacity else None,
-            "classes": rows, "errors": overall["errors"], "rejection_p95_ms": overall["failed_p95_ms"],
+    return {"offered_rps": round(load.rate, 1), "goodput_rps": round(len(within) / load.duration_s, 1),
+            "goodput_ratio": round(len(within) / load.duration_s / claim, 3),
+            "interactive_offered_rps": round(offered_i, 1),
+            "interactive_within_ratio": round(within_i / due_i, 3) if due_i else None,
+            "refusal_p95_ms": round(percentile(refused, 95) * 1e3, 2) if refused else None,
+            "refused": len(refused), "late": late, "unanswered": out.unanswered, "errors": errors,
             "generator_limited": bool(health["warning"]), "generator_warning": health["warning"]}
 
 
-async def _bench_config(url: str, name: str, free_name: str, slo_ms: float, seconds: float,
+class CpuMeter:
+    """CPU time of named process trees between two calls, as percent of one core."""
+
+    def __init__(self, pids: dict[str, int]):
+        self.trees = {name: [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
+                      for name, pid in pids.items()}
+        self._t0, self._cpu0 = time.perf_counter(), self._times()
+
+    def _times(self) -> dict[str, float]:
+        out = {}
+        for name, procs in self.trees.items():
+            total = 0.0
+            for p in procs:
+                with contextlib.suppress(psutil.Error):
+                    total += sum(p.cpu_times()[:2])
+            out[name] = total
+        return out
+
+    def reset(self) -> None:
+        self._t0, self._cpu0 = time.perf_counter(), self._times()
+
+    def percent(self) -> dict[str, float]:
+        wall, now = time.perf_counter() - self._t0, self._times()
+        return {name: round(100 * (now[name] - self._cpu0[name]) / wall, 1) for name in now}
+
+
+@dataclass(frozen=True)
+class Approach:
+    """Where one approach sends its load and how."""
+
+    name: str
+    url: str
+    model: str
+    classes: list[RequestClass]
+    throttled: bool = False
+
+
+async def _send(a: Approach, load: Load, slo_ms: float, seed: int) -> Outcome:
+    if not a.throttled:
+        return await run_load(a.url, a.model, load, a.classes, seed=seed)
+    async with AsyncClient(a.url) as client:
+        target = ThrottledClient(client, AdaptiveThrottle(THROTTLE_K), slo_ms / 1000)
+        return await run_load(a.url, a.model, load, a.classes, seed=seed, target=target)
+
+
+def _p95_ms(out: Outcome) -> tuple[float | None, float]:
+    """(P95 of the answered requests, the failed share)."""
+    ok = [s.latency_s * 1e3 for s in out.samples if s.latency_s is not None]
+    n = len(out.samples) + out.unanswered
+    return (percentile(ok, 95) if ok else None), ((n - len(ok)) / n if n else 1.0)
+
+
+async def claim_rate(url: str, model: str, slo_ms: float, seconds: float, log: Callable[[str], None]) -> dict:
+    """The highest Poisson rate at which P95 <= SLO with no failure, by bisection below what a
+    closed loop of 32 clients gets (no rate within the SLO exceeds that). A rate holds when one of
+    two runs at it holds: the claim is then what the bench overloads, and 0.8x of it shows whether
+    it was too high."""
+    bound_out = await run_load(url, model, Load(concurrency=32, duration_s=seconds, warmup_s=1.0, drain_s=DRAIN_S))
+    bound = sum(1 for s in bound_out.samples if s.latency_s is not None) / seconds
+    lo, hi, p95_at_lo, steps = 0.0, bound, None, []
+    for _ in range(CLAIM_STEPS):
+        rate = (lo + hi) / 2
+        for _attempt in range(2):  # one stall on this box fails a run at any rate: a miss is measured again
+            p95, failed = _p95_ms(await run_load(url, model, Load(rate=rate, duration_s=seconds, warmup_s=1.0,
+                                                                    drain_s=DRAIN_S)))
+            held = p95 is not None and p95 <= slo_ms and failed == 0
+            steps.append({"rate": round(rate, 1), "p95_ms": None if p95 is None else round(p95, 2), "held": held})
+            if held:
+                break
+        lo, hi, p95_at_lo = (rate, hi, p95) if held else (lo, rate, p95_at_lo)
+    log(f"  claim: {lo:.0f} req/s with P95 {p95_at_lo or float('nan'):.1f} ms <= {slo_ms:g} ms "
+        f"(closed loop of 32: {bound:.0f} req/s; steps {[(s['rate'], s['held']) for s in steps]})")
+    return {"claim_rps": round(lo, 1), "claim_p95_ms": p95_at_lo and round(p95_at_lo, 2),
+            "closed_loop_rps": round(bound, 1), "steps": steps}
+
+
+@contextlib.contextmanager
+def _gateways(grpc_port: int, limits: GatewayLimits, folder: Path, cpus: set[int] | None):
+    """Two Envoys in front of the server's gRPC port, fixed and adaptive, on the server's cores."""
+    with contextlib.ExitStack() as stack:
+        started = {}
+        with _pinned(cpus):  # a child keeps the affinity it was started with
+            for name, adaptive in (("gateway_fixed", False), ("gateway_adaptive", True)):
+                port, admin = free_port(), free_port()
+                config = folder / f"{name}.json"
+                write_gateway(config, bootstrap(port, Upstream(grpc_port=grpc_port), admin,
+                                                GatewayLimits(limits.max_requests, limits.max_requests_high,
+                                                              limits.timeout_ms, adaptive)))
+                envoy = stack.enter_context(LocalEnvoy(config, admin, folder / f"{name}.log"))
+                started[name] = (f"127.0.0.1:{port}", envoy)
+        yield started
+
+
+def _approaches(direct: str, name: str, free: str, gateways: dict) -> list[Approach]:
+    return [Approach("queue_policy", direct, name, CLASSES),
+            Approach("gateway_fixed", gateways["gateway_fixed"][0], free, FREE_CLASSES),
+            Approach("gateway_adaptive", gateways["gateway_adaptive"][0], free, FREE_CLASSES),
+            Approach("client_throttle", direct, free, FREE_CLASSES, throttled=True)]
+
+
+async def _added_latency(direct: Approach, gateway: Approach, rate: float, seconds: float) -> dict:
+    """P50 and P95 direct and through the gateway at `rate`, A B B A."""
+    figures: dict[str, list[float]] = {"direct": [], "gateway": []}
+    per_run: dict[str, list[dict]] = {"direct": [], "gateway": []}
+    for i, (label, a) in enumerate([("direct", direct), ("gateway", gateway), ("gateway", gateway),
+                                    ("direct", direct)]):
+        out = await _send(a, Load(rate=rate, duration_s=seconds, warmup_s=1.0, drain_s=DRAIN_S), 1e9, seed=i)
+        ok = [s.latency_s * 1e3 for s in out.samples if s.latency_s is not None]
+        figures[label] += ok
+        per_run[label].append({"p50_ms": round(percentile(ok, 50), 3), "p95_ms": round(percentile(ok, 95), 3)})
+    result = {label: {"p50_ms": round(percentile(ms, 50), 3), "p95_ms": round(percentile(ms, 95), 3),
+                      "runs": per_run[label]} for label, ms in figures.items()}
+    result["added_p50_ms"] = round(result["gateway"]["p50_ms"] - result["direct"]["p50_ms"], 3)
+    result["added_p95_ms"] = round(result["gateway"]["p95_ms"] - result["direct"]["p95_ms"], 3)
+    return result
+
+
+def median_row(runs: list[dict]) -> dict:
+    """The runs of one approach at one factor: each figure's median, min and max."""
+    out = {}
+    for key in ("goodput_ratio", "interactive_within_ratio", "refusal_p95_ms", "late"):
+        values = [r[key] for r in runs if r[key] is not None]
+        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
+    out["cpu_percent"] = {name: statistics.median(r["cpu_percent"][name] for r in runs)
+                          for name in runs[0]["cpu_percent"]}
+    out["generator_limited_runs"] = sum(r["generator_limited"] for r in runs)
+    return out
+
+
+async def _bench_config(r, label: str, names: tuple[str, str], slo_ms: float, seconds: float, runs: int,
+                        folder: Path, server_cpus: set[int] | None, generator_cpus: set[int] | None,
                         log: Callable[[str], None]) -> dict:
-    cap_load = Load(concurrency=32, duration_s=seconds, warmup_s=1.0, drain_s=3.0)
-    cap_out = await run_load(url, free_name, cap_load)
-    capacity = sum(1 for s in cap_out.samples if s.latency_s is not None) / cap_load.duration_s
-    log(f"  capacity (no queue policy, closed loop of 32): {capacity:.0f} req/s")
-    rows = []
-    for f in FACTORS:
-        load = Load(rate=f * capacity, duration_s=seconds, warmup_s=1.0, drain_s=3.0)
-        row = {"factor": f, **summarize(await run_load(url, name, load, CLASSES), load, capacity, slo_ms)}
-        rows.append(row)
-        log("  " + format_row(row))
-    return {"capacity_rps": round(capacity, 1), "rows": rows}
+    name, free = names
+    direct = r.endpoints.grpc
+    with _pinned(generator_cpus):
+        claim = await claim_rate(direct, free, slo_ms, seconds, log)
+    rate = claim["claim_rps"]
+    if not rate:
+        log("  no rate held the SLO on the policy-free copy: nothing to overload")
+        return {**claim, "approaches": {}}
+    limits = GatewayLimits.from_claim(rate, claim["claim_p95_ms"], slo_ms, INTERACTIVE_SHARE)
+    log(f"  gateway limits: {limits.max_requests} in flight (HIGH {limits.max_requests_high}), "
+        f"deadline {limits.timeout_ms:g} ms")
+    with _gateways(r.endpoints.grpc_port, limits, folder, server_cpus) as gateways, _pinned(generator_cpus):
+        approaches = _approaches(direct, name, free, gateways)
+        meter = CpuMeter({"server": r.server.proc.pid, "generator": os.getpid(),
+                          **{n: e.proc.pid for n, (_, e) in gateways.items()}})
+        rows: dict[str, dict[str, list[dict]]] = {a.name: {str(f): [] for f in FACTORS} for a in approaches}
+        for run in range(runs):
+            for f in FACTORS:
+                for a in approaches:
+                    meter.reset()
+                    load = Load(rate=f * rate, duration_s=seconds, warmup_s=1.0, drain_s=DRAIN_S)
+                    out = await _send(a, load, slo_ms, seed=run)
+                    cpu = meter.percent()
+                    own = {"server": cpu["server"], "generator": cpu["generator"],
+                           "gateway": cpu.get(a.name, 0.0)}  # the Envoy this approach went through
+                    row = {"run": run, **summarize(out, load, rate, slo_ms), "cpu_percent": own}
+                    rows[a.name][str(f)].append(row)
+                    log(f"  run {run + 1} " + format_row(a.name, f, row))
+        added = await _added_latency(Approach("direct", direct, free, FREE_CLASSES),
+                                     Approach("gateway", gateways["gateway_fixed"][0], free, FREE_CLASSES),
+                                     rate / 2, seconds)
+        log(f"  gateway's added latency at {rate / 2:.0f} req/s: P50 {added['direct']['p50_ms']:.2f} -> "
+            f"{added['gateway']['p50_ms']:.2f} ms, P95 {added['direct']['p95_ms']:.2f} -> "
+            f"{added['gateway']['p95_ms']:.2f} ms")
+    summary = {a: {f: median_row(fr) for f, fr in by_factor.items()} for a, by_factor in rows.items()}
+    return {**claim, "limits": {"max_requests": limits.max_requests, "max_requests_high": limits.max_requests_high,
+                                "timeout_ms": limits.timeout_ms},
+            "approaches": summary, "runs": rows, "added_latency": added}
 
 
 def _ms(v) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def format_row(r: dict) -> str:
-    c = r["classes"]
-    return (f"{r['factor']:>4g}x {r['offered_rps']:>7.0f}/s  goodput {r['goodput_ratio']:.2f}  "
-            f"P95 interactive {_ms(c['interactive']['p95_ms']):>6} ms  bulk {_ms(c['bulk']['p95_ms']):>6} ms  "
-            f"rejection P95 {_ms(r['rejection_p95_ms']):>6} ms  errors {r['errors'] or '-'}"
-            f"{'  (generator-limited)' if r['generator_limited'] else ''}")
+def format_row(approach: str, factor: float, r: dict) -> str:
+    cpu = r["cpu_percent"]
+    ratio = r["interactive_within_ratio"]
+    return (f"{approach:<17} {factor:>4g}x {r['offered_rps']:>7.0f}/s  goodput {r['goodput_ratio']:.2f}  "
+            f"interactive {'-' if ratio is None else f'{ratio:.2f}'}  refusal P95 {_ms(r['refusal_p95_ms']):>6} ms  "
+            f"late {r['late']}  cpu server {cpu['server']:.0f}% gateway {cpu['gateway']:.0f}% "
+            f"generator {cpu['generator']:.0f}%{'  (generator-limited)' if r['generator_limited'] else ''}")
+
+
+def format_table(label: str, result: dict) -> list[str]:
+    """The medians (min-max over the runs) of one config, an approach per block."""
+    def span(fig) -> str:
+        if fig is None:
+            return "-"
+        return f"{fig['median']:.2f} ({fig['min']:.2f}-{fig['max']:.2f})"
+
+    lines = [f"{label}: claim {result['claim_rps']:.0f} req/s, P95 there {_ms(result.get('claim_p95_ms'))} ms",
+             f"  {'approach':<17} {'load':>5}  {'goodput/claim':<18} {'interactive':<18} {'refusal P95 ms':<20} "
+             f"{'late':<10} cpu server/gateway/generator %"]
+    for approach, by_factor in result.get("approaches", {}).items():
+        for f, m in by_factor.items():
+            cpu = m["cpu_percent"]
+            late = "-" if m["late"] is None else f"{m['late']['max']:.0f} max"
+            lines.append(f"  {approach:<17} {float(f):>4g}x  {span(m['goodput_ratio']):<18} "
+                         f"{span(m['interactive_within_ratio']):<18} {span(m['refusal_p95_ms']):<20} "
+                         f"{late:<10} "
+                         f"{cpu['server']:.0f}/{cpu['gateway']:.0f}/{cpu['generator']:.0f}")
+    return lines
 
 
 def split_cores() -> tuple[set[int] | None, set[int] | None]:
@@ -115,7 +331,7 @@ def _pinned(cpus: set[int] | None):
 
 
 def run_overload_bench(configs: dict[str, Spec], model: str, repo: Path, state_dir: Path, out_dir: Path, *,
-                       seconds: float = 4.0, log: Callable[[str], None] = print) -> dict:
+                       seconds: float = 4.0, runs: int = RUNS, log: Callable[[str], None] = print) -> dict:
     """`configs`: label -> resolved spec (the spec as written, the tuned one). One server serves
     every variant; each is measured in turn."""
     first = next(iter(configs.values()))
@@ -131,18 +347,27 @@ def run_overload_bench(configs: dict[str, Spec], model: str, repo: Path, state_d
     generate(served, repo)
     server_cpus, generator_cpus = split_cores()
     result = {"schema": SCHEMA, "kind": "bench/overload", "model": model, "slo_p95_ms": slo_ms,
-              "factors": list(FACTORS), "server_cpus": sorted(server_cpus or []),
-              "generator_cpus": sorted(generator_cpus or []), "configs": {}}
-    log(f"server on cores {sorted(server_cpus or [])}, load generator on {sorted(generator_cpus or [])}")
+              "factors": list(FACTORS), "runs": runs, "approaches": list(APPROACHES),
+              "interactive_share": INTERACTIVE_SHARE, "throttle_k": THROTTLE_K,
+              "server_cpus": sorted(server_cpus or []), "generator_cpus": sorted(generator_cpus or []),
+              "configs": {}}
+    log(f"server and gateways on cores {sorted(server_cpus or [])}, load generator on {sorted(generator_cpus or [])}")
     ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
-    with running(served, repo, state_dir, ports=ports, log=log, cpus=server_cpus) as r, _pinned(generator_cpus):
+    folder = Path(state_dir) / "overload"
+    folder.mkdir(parents=True, exist_ok=True)
+    with running(served, repo, state_dir, ports=ports, log=log, cpus=server_cpus) as r:
         for label, spec in configs.items():
             m = spec.model(model)
             log(f"== {label}: {m.instances.count} instance(s), priority levels {m.batching.priority_levels}, "
                 f"queue {policy_label(m.batching)}")
-            result["configs"][label] = {"policy": policy_label(m.batching), "instances": m.instances.count,
-                                        **asyncio.run(_bench_config(r.endpoints.grpc, *names[label], slo_ms,
-                                                                    seconds, log))}
+            result["configs"][label] = {
+                "policy": policy_label(m.batching), "instances": m.instances.count,
+                "tuned_in_flight": m.admission.max_in_flight,
+                **asyncio.run(_bench_config(r, label, names[label], slo_ms, seconds, runs, folder, server_cpus,
+                                            generator_cpus, log))}
+    for label, res in result["configs"].items():
+        for line in format_table(label, res):
+            log(line)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(out_dir / "bench_overload.json", json.dumps(result, indent=2).encode())
     return result

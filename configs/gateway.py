@@ -98,9 +98,12 @@ class Upstream:
     address: str = "127.0.0.1"
 
 
-# Model control: a load takes seconds, so it has no deadline, and it rides the HIGH threshold so a
-# bulk flood cannot lock the tuner out of the server it tunes.
-CONTROL_PREFIXES = ("/inference.GRPCInferenceService/Repository", "/v2/repository")
+# Model control and statistics: a load takes seconds, so it has no deadline, and both ride the HIGH
+# threshold so a bulk flood cannot lock the tuner (or a load test reading Triton's own figures) out
+# of the server it measures.
+CONTROL_PREFIXES = ("/inference.GRPCInferenceService/Repository", "/inference.GRPCInferenceService/ModelStatistics",
+                    "/v2/repository")
+CONTROL_REGEX = r"/v2/models(/[^/]+(/versions/[^/]+)?)?/stats"  # HTTP statistics, per model or of all
 # What the probe listener forwards to Triton's HTTP and metrics ports; anything else there is a 404.
 PROBE_PATHS = ("/v2/health/ready", "/v2/health/live")
 
@@ -143,9 +146,11 @@ def bootstrap(listen_port: int, upstream: Upstream | int, admin_port: int, limit
     protocols = [(UPSTREAM, [grpc])] + ([(UPSTREAM_HTTP, [])] if up.http_port else [])
     routes = []
     for name, by_protocol in protocols:  # gRPC first: the HTTP routes match whatever is left
+        control = route.RouteAction(cluster=name, timeout=timedelta(0), priority=core.RoutingPriority.HIGH)
         for prefix in CONTROL_PREFIXES:
-            control = route.RouteAction(cluster=name, timeout=timedelta(0), priority=core.RoutingPriority.HIGH)
             routes.append(route.Route(match=route.RouteMatch(prefix=prefix, headers=by_protocol), route=control))
+        routes.append(route.Route(match=route.RouteMatch(safe_regex=matcher.RegexMatcher(regex=CONTROL_REGEX),
+                                                         headers=by_protocol), route=control))
         routes.append(route.Route(match=route.RouteMatch(prefix="/", headers=by_protocol + [interactive]),
                                   route=route.RouteAction(cluster=name, timeout=deadline,
                                                           priority=core.RoutingPriority.HIGH)))

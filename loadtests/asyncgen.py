@@ -23,6 +23,15 @@ from tritonkit.loadtests.load import Load, Outcome, RequestClass, Sample
 from tritonkit.loadtests.stalls import watch
 
 
+async def _statistics(client, model: str) -> dict | None:
+    """Triton's statistics, or None where they cannot be had: behind a gateway under overload the
+    call itself may be refused, and the load's own figures stand without them."""
+    try:
+        return await client.statistics(model)
+    except TritonRequestError:
+        return None
+
+
 async def run_load(url: str, model: str, load: Load, classes: list[RequestClass] | None = None, *,
                    protocol: str = "grpc", seed: int = 0, target=None, duplicates: float | None = None,
                    input_data: Path | None = None) -> Outcome:
@@ -58,7 +67,7 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
 
         async def open_window() -> None:
             await asyncio.sleep(load.warmup_s)
-            out.stats_before = await client.statistics(model)
+            out.stats_before = await _statistics(client, model)
 
         opener = asyncio.create_task(open_window())
         watcher = asyncio.create_task(watch(out.stalls))
@@ -82,6 +91,7 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
 
         if load.rate:
             tasks: set[asyncio.Task] = set()
+            sent_in_window = 0
             t = start
             while True:
                 rate = load.rate_at(t - start)
@@ -94,11 +104,17 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
                 if len(tasks) >= load.max_in_flight:
                     out.dropped += window[0] <= t
                     continue
+                sent_in_window += window[0] <= t
                 task = asyncio.create_task(one(pick(), t))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:
                 await asyncio.wait(tasks, timeout=load.drain_s)
+            late = list(tasks)  # still out after the drain: cancelled, and counted as unanswered
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+            out.unanswered = sent_in_window - len(out.samples)  # only the window's are sampled
         else:
             async def worker(i: int) -> None:
                 while (now := time.perf_counter()) < window[1]:
@@ -110,7 +126,7 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
             await asyncio.gather(*(worker(i) for i in range(load.concurrency)))
         await opener
         watcher.cancel()
-        out.stats_after = await client.statistics(model)
+        out.stats_after = await _statistics(client, model)
         out.wall_s = time.perf_counter() - start
     out.cpu_percent = 100.0 * (sum(proc.cpu_times()[:2]) - cpu0) / out.wall_s
     return out

@@ -174,6 +174,7 @@ class Sample:
 class Outcome:
     samples: list[Sample] = field(default_factory=list)  # steady window only
     dropped: int = 0  # arrivals the generator could not send (max_in_flight reached)
+    unanswered: int = 0  # open loop: steady-window requests sent but neither answered nor failed by the drain's end
     cpu_percent: float = 0.0  # the generator process's CPU over the run, percent of one core
     wall_s: float = 0.0
     error_examples: dict[str, str] = field(default_factory=dict)
@@ -210,7 +211,7 @@ class RunFigures:
 
 def run_figures(load: Load, out: Outcome) -> RunFigures:
     ok = [s.latency_s * 1e3 for s in out.samples if s.latency_s is not None]
-    n = len(out.samples)
+    n = len(out.samples) + out.unanswered  # one still out after the drain failed its deadline
     health = generator_health(load, out)
     return RunFigures(ok, n, percentile(ok, 95) if ok else None, (n - len(ok)) / n if n else 1.0,
                       len(ok) / load.duration_s, health["saturated"], health["warning"])
@@ -219,7 +220,7 @@ def run_figures(load: Load, out: Outcome) -> RunFigures:
 def generator_health(load: Load, out: Outcome) -> dict:
     """Is the generator keeping up? Lag behind the schedule, achieved rate, CPU, dropped arrivals."""
     lags_ms = [(s.sent - s.scheduled) * 1e3 for s in out.samples]
-    achieved = len(out.samples) / load.duration_s
+    achieved = (len(out.samples) + out.unanswered) / load.duration_s  # sent, whatever became of them
     health = {"cpu_percent": round(out.cpu_percent, 1), "achieved_rate": round(achieved, 1),
               "lag_p95_ms": round(percentile(lags_ms, 95), 3) if lags_ms else None,
               "dropped": out.dropped, "saturated": False, "short": False, "warning": None,

@@ -136,6 +136,28 @@ def test_interactive_requests_have_their_own_threshold(gated):
     assert all(s == "OK" for s, _ in interactive), interactive  # ... and interactive traffic got through
 
 
+def test_statistics_ride_the_control_route_not_the_inference_limit(gated):
+    """Triton's statistics (what a load test and `tune --url` read around each run) are answered by
+    a gateway whose inference threshold admits nothing at all (a second Envoy in front of the same
+    server), over gRPC and HTTP, while an inference through it is refused."""
+    import tritonclient.grpc as grpcclient
+
+    from tritonkit.gateway import LocalEnvoy
+
+    _, gw = gated
+    e, port, admin = gw.server, free_port(), free_port()
+    write(gw.root / "closed.json", bootstrap(port, Upstream(e.grpc_port, e.http_port), admin,
+                                             GatewayLimits(0, 1, 5000.0)))
+    with LocalEnvoy(gw.root / "closed.json", admin, gw.root / "closed.log"):
+        url = f"127.0.0.1:{port}"
+        assert all("UNAVAILABLE" in s for s, _ in asyncio.run(_flood(url, 2)))  # nothing admitted ...
+        stats = grpcclient.InferenceServerClient(url).get_inference_statistics("slow", as_json=True)
+        assert stats["model_stats"][0]["name"] == "slow"  # ... but the statistics, both ways
+        code, body = _get(f"http://{url}/v2/models/slow/stats")
+        assert code == 200 and '"name":"slow"' in body
+        assert _get(f"http://{url}/v2/models/slow/config")[0] == 503  # a non-statistics HTTP call is admission's
+
+
 def _get(url: str) -> tuple[int, str]:
     import urllib.error
     import urllib.request

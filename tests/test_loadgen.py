@@ -62,3 +62,20 @@ def test_sweep_reloads_each_row_writes_the_report_and_restores_the_config(served
         assert files[name].stat().st_size > 0
     with served.client() as c:  # the spec's own config is serving again
         assert c.config("sweepable").max_batch_size == spec.model("sweepable").max_batch_size
+
+
+def test_requests_still_out_after_the_drain_are_counted_not_dropped(served):
+    """A drain shorter than the queue's wait: the requests still out are cancelled and counted as
+    unanswered, so a verdict counts them as failures rather than judging only the fast ones."""
+    import asyncio
+
+    from tritonkit.loadtests.asyncgen import run_load
+    from tritonkit.loadtests.load import run_figures
+
+    load = Load(rate=800, duration_s=1.0, warmup_s=0.3, drain_s=0.01)
+    out = asyncio.run(run_load(served.endpoints.grpc, "prio", load))
+    assert out.unanswered > 0
+    figures = run_figures(load, out)
+    assert figures.requests == len(out.samples) + out.unanswered
+    answered_or_failed = len(out.samples)
+    assert figures.error_ratio >= out.unanswered / (answered_or_failed + out.unanswered)

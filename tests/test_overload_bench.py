@@ -1,0 +1,39 @@
+"""The overload bench's row: what counts as goodput, a refusal, a late answer and the interactive
+class's due, on outcomes built by hand (the bench itself runs in `make bench`)."""
+
+from __future__ import annotations
+
+from tritonkit.benchmarks.overload import median_row, summarize
+from tritonkit.loadtests.load import Load, Outcome, Sample
+
+
+def _sample(cls: str, ms: float | None, kind: str | None = None, failed_ms: float | None = None) -> Sample:
+    return Sample(cls, 0.0, 0.0, None if ms is None else ms / 1000, kind,
+                  failed_after_s=None if failed_ms is None else failed_ms / 1000)
+
+
+def test_a_row_counts_goodput_refusals_and_late_answers_as_the_goal_defines_them():
+    load = Load(rate=100, duration_s=1.0)
+    samples = ([_sample("interactive", 10)] * 20 + [_sample("interactive", 40)] * 5  # 5 late
+               + [_sample("bulk", 10)] * 50
+               + [_sample("bulk", None, "refused", 1.0)] * 19 + [_sample("bulk", None, "refused", 3.0)]
+               + [_sample("bulk", None, "deadline", 25.0)] * 5)  # cut at the SLO: not a refusal
+    out = Outcome(samples=samples, unanswered=2)
+    row = summarize(out, load, claim=80.0, slo_ms=25.0)
+    assert row["goodput_rps"] == 70 and row["goodput_ratio"] == round(70 / 80, 3)
+    # interactive: 25 offered, 20 within; its due is min(25, a quarter of the claim = 20)
+    assert row["interactive_offered_rps"] == 25 and row["interactive_within_ratio"] == 1.0
+    assert row["refused"] == 20 and 1.0 <= row["refusal_p95_ms"] <= 3.0  # the deadlines are left out
+    assert row["late"] == 5 + 2  # answered after the SLO, and still out after the drain
+    assert row["errors"] == {"refused": 20, "deadline": 5}
+
+
+def test_the_runs_of_one_load_are_summed_up_by_their_median_and_spread():
+    rows = [{"goodput_ratio": g, "interactive_within_ratio": None, "refusal_p95_ms": 1.0, "late": 0,
+             "generator_limited": i == 2, "cpu_percent": {"server": 50.0 + i, "gateway": 5.0, "generator": 30.0}}
+            for i, g in enumerate((0.9, 0.7, 0.95))]
+    m = median_row(rows)
+    assert m["goodput_ratio"] == {"median": 0.9, "min": 0.7, "max": 0.95}
+    assert m["interactive_within_ratio"] is None  # nothing to say, not a zero
+    assert m["cpu_percent"] == {"server": 51.0, "gateway": 5.0, "generator": 30.0}
+    assert m["generator_limited_runs"] == 1
