@@ -79,7 +79,10 @@ _PATTERNS: list[tuple[tuple[str, ...], type[TritonRequestError]]] = [
     (("is not ready", "is not found", "unknown model", "unavailable model"), ModelNotReadyError),
     (("is restricted", "expecting header"), AccessDeniedError),
     (("failed to connect", "connection refused", "socket closed", "connect call failed",
-      "cannot connect", "name resolution"), UnavailableError),
+      "cannot connect", "name resolution",
+      # Envoy's, when the server behind it is down or went down with the request in flight
+      "reset reason: connection failure", "reset reason: connection termination",
+      "reset reason: remote connection failure", "no healthy upstream"), UnavailableError),
 ]
 
 

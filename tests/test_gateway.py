@@ -218,6 +218,66 @@ def test_http_and_model_control_go_through_the_gateway(gated):
         assert f"triton-grpc-protocol-{e.key_header}" in key  # the load was the restricted API's
 
 
+def test_a_restart_behind_the_gateway_under_load_loses_nothing_it_accepted(tmp_path, onnx_dir):
+    """Poisson load through the gateway while Triton is stopped (by its pid) and started again on
+    the same ports: while it is down each request is refused at once (unavailable, or not ready
+    while Triton unloads), never left hanging or answered late; before and after, every request
+    is served; each one sent ends as an answer or an error."""
+    from tritonkit.configs.generate import generate
+    from tritonkit.configs.loader import load_spec
+    from tritonkit.gateway import LocalEnvoy
+    from tritonkit.loadtests.asyncgen import run_load
+    from tritonkit.loadtests.load import Load
+    from tritonkit.serving import running
+
+    (tmp_path / "onnx").symlink_to(onnx_dir)
+    spec_path = write_spec(tmp_path, {"models": [{"name": "mlp", "onnx": "onnx/mlp.onnx", "max_batch_size": 8}],
+                                      "server": SPEC["server"]})
+    generate(load_spec(spec_path, tmp_path / "repo"), tmp_path / "repo")
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    deadline_ms = 2000.0
+    with running(load_spec(spec_path), tmp_path / "repo", tmp_path / "state", ports=ports) as r:
+        port, admin = free_port(), free_port()
+        write(tmp_path / "envoy.json", bootstrap(port, Upstream(ports["grpc_port"]), admin,
+                                                 GatewayLimits(64, 16, deadline_ms)))
+        with LocalEnvoy(tmp_path / "envoy.json", admin, tmp_path / "envoy.log"):
+            marks = {}
+
+            def restart():
+                old = r.server.proc.pid
+                marks["down"] = time.perf_counter()
+                r.server.stop()
+                r.server.start()
+                marks["up"] = time.perf_counter()
+                assert r.server.proc.pid != old
+
+            async def load_with_a_restart():
+                load = asyncio.ensure_future(run_load(f"127.0.0.1:{port}", "mlp", Load(
+                    rate=100, duration_s=14.0, warmup_s=0.5, drain_s=deadline_ms / 1000 + 1)))
+                await asyncio.sleep(2.5)
+                await asyncio.to_thread(restart)
+                return await load
+
+            out = asyncio.run(load_with_a_restart())
+    assert out.unanswered == 0  # every request sent came back, answered or refused
+    failed = [s for s in out.samples if s.latency_s is None]
+    served = [s for s in out.samples if s.latency_s is not None]
+    assert failed, "the restart refused nothing: it was not under load"
+    # unavailable: Triton's port closed; not_ready: Triton shutting down has unloaded the model
+    # but still answers, and says so
+    assert {s.kind for s in failed} <= {"unavailable", "not_ready"}, out.error_examples
+    print(f"restart took {marks['up'] - marks['down']:.1f} s; {len(served)} served, "
+          f"{ {k: sum(s.kind == k for s in failed) for k in {s.kind for s in failed}} } refused, refusal P50/P95 "
+          f"{sorted(s.failed_after_s for s in failed)[len(failed) // 2] * 1e3:.1f}/"
+          f"{sorted(s.failed_after_s for s in failed)[int(len(failed) * 0.95)] * 1e3:.1f} ms; "
+          f"served P95 {sorted(s.latency_s for s in served)[int(len(served) * 0.95)] * 1e3:.1f} ms")
+    assert all(s.latency_s * 1e3 < deadline_ms for s in served)  # none answered after its deadline
+    # the failures are the restart's: sent while the server was down (or its requests in flight then)
+    assert all(marks["down"] - 0.5 <= s.sent <= marks["up"] + 0.5 for s in failed)
+    assert sorted(s.failed_after_s for s in failed)[len(failed) // 2] < 0.1  # refused at once, typically
+    assert any(s.sent < marks["down"] for s in served) and any(s.sent > marks["up"] for s in served)
+
+
 def test_serve_starts_the_gateway_and_stops_it_by_its_pid(workdir):
     """`tritonkit serve` with `server.gateway.enabled`: Envoy in front, a request through it, and
     on Ctrl-C both processes gone; without a limit, refused before anything starts."""
