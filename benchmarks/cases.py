@@ -87,6 +87,40 @@ def classifier(path: Path, convs: list[tuple[int, int]], size: int, classes: int
     return path
 
 
+def line_recogniser(path: Path, channels: int = 32, classes: int = 40, seed: int = 11) -> Path:
+    """text lines [B, 3, 48, W] -> logits [B, W/4, classes], as a CTC recogniser is exported: a 3x3
+    convolution, a 1x1 one, a max pool that folds the height and takes W in steps of 4, a linear
+    head per time step. W is dynamic; an output step sees input columns 4t-1 .. 4t+4 only, so a
+    line padded on the right with zeros gives, cut back to W/4 steps, what the line alone gives."""
+    rng = np.random.default_rng(seed)
+
+    def w(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
+        fan_in = int(np.prod(shape[1:]))
+        return numpy_helper.from_array((rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["line", "c1"], ["a1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "c2"], ["a2"]),
+             helper.make_node("Relu", ["a2"], ["r2"]),
+             helper.make_node("MaxPool", ["r2"], ["p"], kernel_shape=[48, 4], strides=[48, 4]),
+             helper.make_node("Squeeze", ["p", "h_axis"], ["steps_first"]),
+             helper.make_node("Transpose", ["steps_first"], ["steps"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["steps", "head"], ["logits"])]
+    graph = helper.make_graph(
+        nodes, "line_recogniser",
+        [helper.make_tensor_value_info("line", TensorProto.FLOAT, ["batch", 3, 48, "W"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "T", classes])],
+        initializer=[w("c1", (channels // 2, 3, 3, 3)), w("c2", (channels, channels // 2, 1, 1)),
+                     numpy_helper.from_array((rng.standard_normal((channels, classes)) / np.sqrt(channels))
+                                             .astype(np.float32), "head"),
+                     numpy_helper.from_array(np.array([2], np.int64), "h_axis")])
+    model = helper.make_model(graph, producer_name="triton-edge-kit", opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    write_bytes_atomic(path, model.SerializeToString())
+    return path
+
+
 def write_case(name: str, folder: Path) -> Path:
     """The case's ONNX file and deploy.yaml in `folder`; returns the spec's path."""
     if name not in CASES:

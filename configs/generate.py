@@ -100,9 +100,25 @@ def input_rules(r: ResolvedModel) -> list[InputRule]:
     def t(v):
         return None if v is None else tuple(v)
 
+    m = r.spec
+
+    def lengths(i: TensorSpec) -> tuple | None:
+        if i.lengths is None:
+            return None
+        if i.lengths.dist == "histogram":
+            return ("histogram", tuple(sorted(i.lengths.histogram.items())))
+        return (i.lengths.dist, i.lengths.low, i.lengths.high)
+
+    def pad_to(i: TensorSpec) -> tuple[int, ...] | None:
+        dynamic = [j for j, d in enumerate(i.dims or ()) if d == -1]
+        if m.padding is None or not dynamic or not i.max:
+            return None
+        return tuple(sorted({*m.build.bucket_edges, min(i.max[j] for j in dynamic)}))
+
     return [InputRule(i.name, i.dtype, tuple(i.dims or ()), t(i.min), t(i.opt), t(i.max), i.stride,
                       None if i.shapes is None else tuple(tuple(s) for s in i.shapes),
-                      t(i.values), i.value) for i in r.inputs]
+                      t(i.values), i.value, lengths(i), pad_to(i),
+                      i.pad_value if pad_to(i) and i.pad_value else None) for i in r.inputs]
 
 
 def _tensor(add, t: TensorSpec, batched: bool) -> None:

@@ -33,6 +33,9 @@ def spec_problems(spec: Spec, check_onnx: bool = True) -> list[Problem]:
                 if dims is None and io is None:
                     continue  # no graph read yet (`build`): checked once the graph is prepared
                 problems += shape_range_rules(file, f"{at}.{kind}[{j}]", t, dims)
+                if kind == "inputs":
+                    problems += length_rules(file, f"{at}.{kind}[{j}]", t, dims, m)
+        problems += crop_rules(file, at, m)
         if io is not None:
             problems += onnx_io.check_against_graph(file, at, m, io)
     return problems + pipeline_problems(spec, served_tensors(spec) if check_onnx else None) + traffic_rules(spec)
@@ -202,4 +205,59 @@ def shape_range_rules(file: str, at: str, t: TensorSpec, dims: list[int] | None)
             if not lo <= mid <= hi:
                 problems.append(Problem(file, f"{at}.opt[{j}]", f"min {lo} <= opt {mid} <= max {hi} does not hold",
                                         "order them min <= opt <= max"))
+    return problems
+
+
+def length_rules(file: str, at: str, t: TensorSpec, dims: list[int] | None, m: ModelSpec) -> list[Problem]:
+    """`lengths` draws within the input's range along its dynamic dims; `padding` needs a max to
+    pad up to, and edges on the stride (a padded length off it would be refused)."""
+    dynamic = [j for j, d in enumerate(dims or []) if d == -1]
+    if not dynamic:
+        if t.lengths is not None:
+            return [Problem(file, f"{at}.lengths", "set, but the input has no dynamic dim", "remove lengths")]
+        return []
+    lo = min(t.min[j] for j in dynamic) if t.min else 1
+    hi = min(t.max[j] for j in dynamic) if t.max else None
+    problems = []
+    L = t.lengths
+    if L is not None:
+        if L.dist == "histogram":
+            drawn = sorted(L.histogram or {})
+            if not L.histogram:
+                problems.append(Problem(file, f"{at}.lengths.histogram", "missing for dist: histogram",
+                                        "give length: weight pairs, e.g. {32: 5, 64: 3, 128: 1}"))
+            elif any(w <= 0 for w in L.histogram.values()):
+                problems.append(Problem(file, f"{at}.lengths.histogram", "a weight is not above 0",
+                                        "give each length a weight above 0"))
+        elif L.low is None or L.high is None or L.low > L.high:
+            drawn = []
+            problems.append(Problem(file, f"{at}.lengths", f"dist {L.dist} needs low <= high",
+                                    f"write low and high, e.g. low: {lo}, high: {hi or 4 * lo}"))
+        else:
+            drawn = [L.low, L.high]
+        outside = [n for n in drawn if n < lo or (hi is not None and n > hi)]
+        if outside:
+            problems.append(Problem(file, f"{at}.lengths", f"{outside[0]} is outside the input's range "
+                                    f"{lo}..{hi if hi is not None else 'unbounded'}", "keep lengths within min..max"))
+    if m.padding is not None:
+        if hi is None:
+            problems.append(Problem(file, f"{at}.max", "missing, but the model pads requests (padding)",
+                                    "give max: the longest a request may be, the last length padding goes up to"))
+        for k, e in enumerate(m.build.bucket_edges):
+            if t.stride and e % t.stride:
+                problems.append(Problem(file, f"{at.rsplit('.', 1)[0]}.build.bucket_edges[{k}]",
+                                        f"{e} is not a multiple of the input's stride {t.stride}: a request padded "
+                                        "to it would be refused", f"use multiples of {t.stride}"))
+    return problems
+
+
+def crop_rules(file: str, at: str, m: ModelSpec) -> list[Problem]:
+    if m.padding is None or not m.padding.crop:
+        return []
+    declared = {t.name for t in m.outputs or []}
+    problems = []
+    for name in m.padding.crop:
+        if m.outputs is not None and name not in declared:
+            problems.append(Problem(file, f"{at}.padding.crop.{name}", f"no output named {name!r}",
+                                    f"use one of: {', '.join(sorted(declared))}"))
     return problems

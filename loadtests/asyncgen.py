@@ -127,6 +127,7 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
         await opener
         watcher.cancel()
         out.stats_after = await _statistics(client, model)
+        out.real_elements, out.sent_elements = sampler.real_elements, sampler.sent_elements
         out.wall_s = time.perf_counter() - start
     out.cpu_percent = 100.0 * (sum(proc.cpu_times()[:2]) - cpu0) / out.wall_s
     return out

@@ -175,6 +175,9 @@ class Outcome:
     samples: list[Sample] = field(default_factory=list)  # steady window only
     dropped: int = 0  # arrivals the generator could not send (max_in_flight reached)
     unanswered: int = 0  # open loop: steady-window requests sent but neither answered nor failed by the drain's end
+    # elements of every generated input: as drawn, and as sent after padding to the length buckets
+    real_elements: int = 0
+    sent_elements: int = 0
     cpu_percent: float = 0.0  # the generator process's CPU over the run, percent of one core
     wall_s: float = 0.0
     error_examples: dict[str, str] = field(default_factory=dict)

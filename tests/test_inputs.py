@@ -11,7 +11,7 @@ import pytest
 
 from tritonkit.errors import InputError
 from tritonkit.input_rules import InputRule
-from tritonkit.inputs import Sampler, read_input_data, sampler_for
+from tritonkit.inputs import Sampler, draw_length, pad, read_input_data, sampler_for
 
 IDS = InputRule("ids", "INT64", (-1,), min=(1,), opt=(16,), max=(64,), values=(0, 999))
 IMAGE = InputRule("image", "FP32", (3, -1, -1), min=(3, 32, 32), opt=(3, 100, 70), max=(3, 512, 512), stride=32)
@@ -74,3 +74,37 @@ def test_bad_input_data_names_the_file_and_the_sample(tmp_path, doc, field):
     with pytest.raises(InputError) as e:
         read_input_data(f, [IDS])
     assert str(f) in str(e.value) and field in str(e.value) and "fix:" in str(e.value)
+
+
+LINE = InputRule("line", "FP32", (3, 48, -1), min=(3, 48, 32), opt=(3, 48, 160), max=(3, 48, 320), stride=8)
+
+
+@pytest.mark.parametrize("lengths", [("uniform", 32, 320), ("loguniform", 32, 320),
+                                     ("histogram", ((40, 3.0), (100, 1.0)))])
+def test_lengths_are_drawn_on_the_stride_within_bounds(lengths):
+    rule = InputRule(**{**LINE.__dict__, "lengths": lengths})
+    rng = np.random.default_rng(0)
+    drawn = [draw_length(rule, rng) for _ in range(4000)]
+    assert all(n % 8 == 0 and 32 <= n <= 320 for n in drawn)
+    if lengths[0] == "histogram":  # 40 and 100 are on the stride already; 3 to 1
+        assert set(drawn) == {40, 104} and 2.6 < drawn.count(40) / drawn.count(104) < 3.4
+    else:
+        short = sum(n <= 64 for n in drawn) / len(drawn)
+        # uniform: 5 of the 37 lengths on the grid; log-uniform: log(65/32)/log(321/32), about 0.31
+        assert (0.10 < short < 0.17) if lengths[0] == "uniform" else (0.27 < short < 0.35)
+    assert InputRule.from_json(json.loads(json.dumps(rule.to_json()))) == rule  # as the config carries it
+
+
+def test_padding_sends_the_bucket_edge_and_counts_its_waste():
+    rule = InputRule(**{**LINE.__dict__, "lengths": ("uniform", 32, 320), "pad_to": (64, 160, 320),
+                        "pad_value": -1.0})
+    s = Sampler([rule], batched=True, rng=np.random.default_rng(2))
+    sent = [s(2)["line"] for _ in range(200)]
+    assert {a.shape[-1] for a in sent} == {64, 160, 320}  # three shapes, whatever was drawn
+    assert s.sent_elements > s.real_elements > 0
+    a = pad(rule, np.ones((1, 3, 48, 72), np.float32))
+    assert a.shape == (1, 3, 48, 160) and (a[..., 72:] == -1).all() and (a[..., :72] == 1).all()
+    assert rule.padded_length(320) == 320 and rule.padded_length(64) == 64
+    plain = InputRule(**{**LINE.__dict__, "lengths": ("uniform", 32, 320)})
+    unpadded = Sampler([plain], True, rng=np.random.default_rng(2))
+    assert len({unpadded(1)["line"].shape for _ in range(100)}) > 20  # without padding: a shape per length

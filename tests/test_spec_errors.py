@@ -62,6 +62,17 @@ CASES = [
      "models[1].name", "'m' is used by more than one model"),
     ("unknown_key", lambda f, d: _m(d)["batching"].update(max_queue_delay_ms=3),
      "models[0].batching.max_queue_delay_ms", "unknown key"),
+    ("lengths_outside_range", lambda f, d: _m(d).update(onnx="onnx/seq_mean.onnx", inputs=[
+        {"name": "x", "dtype": "FP32", "dims": [-1], "min": [1], "opt": [4], "max": [16],
+         "lengths": {"dist": "loguniform", "low": 2, "high": 40}}]),
+     "models[0].inputs[0].lengths", "40 is outside the input's range 1..16"),
+    ("padding_without_max", lambda f, d: _m(d).update(onnx="onnx/seq_mean.onnx", padding={}, inputs=[
+        {"name": "x", "dtype": "FP32", "dims": [-1], "lengths": {"dist": "uniform", "low": 2, "high": 9}}]),
+     "models[0].inputs[0].max", "the model pads requests"),
+    ("edge_off_stride", lambda f, d: _m(d).update(onnx="onnx/seq_mean.onnx", padding={},
+                                                  build={"bucket_edges": [6]}, inputs=[
+        {"name": "x", "dtype": "FP32", "dims": [-1], "min": [4], "opt": [8], "max": [16], "stride": 4}]),
+     "models[0].build.bucket_edges[0]", "6 is not a multiple of the input's stride 4"),
 ]
 
 

@@ -36,6 +36,10 @@ class InputRule:
     shapes: tuple[tuple[int, ...], ...] | None = None
     values: tuple[float, float] | None = None
     value: float | None = None
+    # ("uniform" | "loguniform", low, high) or ("histogram", ((length, weight), ...))
+    lengths: tuple | None = None
+    pad_to: tuple[int, ...] | None = None  # the lengths a request is padded up to (bucket edges, the max)
+    pad_value: float | None = None
 
     @property
     def numpy_dtype(self) -> type:
@@ -53,6 +57,12 @@ class InputRule:
             return shape
         s = self.stride
         return tuple(n if d != -1 else max(s, math.ceil(n / s) * s) for d, n in zip(self.dims, shape))
+
+    def padded_length(self, n: int) -> int:
+        """The length a request of length `n` is sent at: the smallest of `pad_to` that holds it."""
+        if not self.pad_to:
+            return n
+        return min((e for e in self.pad_to if e >= n), default=n)
 
     def out_of_range(self, shape: tuple[int, ...]) -> str | None:
         """Why a per-sample shape may not be served (None when it may)."""
@@ -78,6 +88,8 @@ class InputRule:
         t = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
         if t.get("shapes") is not None:
             t["shapes"] = tuple(tuple(s) for s in d["shapes"])
+        if t.get("lengths") is not None and d["lengths"][0] == "histogram":
+            t["lengths"] = ("histogram", tuple(tuple(b) for b in d["lengths"][1]))
         return cls(**t)
 
 

@@ -49,16 +49,25 @@ class Sampler:
         self.rules, self.batched, self.samples = rules, batched, samples or []
         self.rng = rng or np.random.default_rng(0)
         self._next = 0
+        self.real_elements = self.sent_elements = 0  # of every array made: padding's waste is their ratio
 
     @property
     def varies(self) -> bool:
-        """Do successive requests differ in more than their random values (real data, several shapes)?"""
-        return bool(self.samples) or any(r.shapes and len(r.shapes) > 1 for r in self.rules)
+        """Do successive requests differ in more than their random values (real data, several
+        shapes, a length distribution)?"""
+        return bool(self.samples) or any((r.shapes and len(r.shapes) > 1) or r.lengths for r in self.rules)
 
-    def shape(self, rule: InputRule) -> tuple[int, ...]:
+    def shape(self, rule: InputRule, length: int | None = None) -> tuple[int, ...]:
         if rule.shapes:
             return rule.shapes[int(self.rng.integers(len(rule.shapes)))]
+        if length is not None and rule.lengths:
+            return tuple(length if d == -1 else d for d in rule.dims)
         return rule.default_shape()
+
+    def length(self) -> int | None:
+        """One request's length, shared by every input with `lengths` (ids and mask of one sequence)."""
+        rule = next((r for r in self.rules if r.lengths), None)
+        return None if rule is None else draw_length(rule, self.rng)
 
     def _draw(self, rule: InputRule, shape: tuple[int, ...]) -> np.ndarray:
         return draw(rule, shape, self.rng)
@@ -67,29 +76,44 @@ class Sampler:
         if self.samples:
             return self._real(batch)
         out = {}
-        shapes = {r.name: self.shape(r) for r in self.rules}
+        length = self.length()
+        shapes = {r.name: self.shape(r, length) for r in self.rules}
+        lead = (batch,) if self.batched else ()
         for r in self.rules:
             per_sample = shapes[r.name] or (1,)  # a scalar travels as [1]
-            out[r.name] = self._draw(r, ((batch,) if self.batched else ()) + tuple(per_sample))
+            a = self._draw(r, lead + tuple(per_sample))
+            self.real_elements += a.size
+            out[r.name] = pad(r, a, len(lead))
+            self.sent_elements += out[r.name].size
         return out
 
     def _real(self, batch: int) -> dict[str, np.ndarray]:
         """The next `batch` samples, stacked on the batch axis (cycling through the file). One
         request holds one shape: a sample of another shape is left for the next request, and the
         batch is filled with copies of its first sample."""
-        first = self.samples[self._next % len(self.samples)]
+        first = self._padded(self.samples[self._next % len(self.samples)])
         self._next += 1
         if not self.batched:
             return dict(first)
         picked = [first]
         while len(picked) < batch:
-            nxt = self.samples[self._next % len(self.samples)]
+            nxt = self._padded(self.samples[self._next % len(self.samples)])
             if any(nxt[n].shape != first[n].shape for n in first):
                 picked += [first] * (batch - len(picked))
                 break
             picked.append(nxt)
             self._next += 1
         return {name: np.stack([p[name] for p in picked]) for name in first}
+
+    def _padded(self, sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A real sample as padding sends it: real requests of one bucket then share a shape."""
+        by_name = {r.name: r for r in self.rules}
+        out = {}
+        for name, a in sample.items():
+            out[name] = pad(by_name[name], a, 0) if name in by_name else a
+            self.real_elements += a.size
+            self.sent_elements += out[name].size
+        return out
 
 
 def draw(rule: InputRule, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -106,6 +130,37 @@ def draw(rule: InputRule, shape: tuple[int, ...], rng: np.random.Generator) -> n
         low, high = int(rule.values[0]), int(rule.values[1])
         return rng.integers(low, high + 1, shape).astype(dtype)
     return np.zeros(shape, dtype=dtype)
+
+
+def draw_length(rule: InputRule, rng: np.random.Generator) -> int:
+    """A length from the rule's distribution, on its stride (rounded up, within the high bound)."""
+    kind, *args = rule.lengths
+    step = rule.stride or 1
+    if kind == "histogram":
+        lengths = [n for n, _ in args[0]]
+        weights = np.array([w for _, w in args[0]], dtype=float)
+        n = int(lengths[int(rng.choice(len(lengths), p=weights / weights.sum()))])
+        return -(-n // step) * step
+    low, high = args
+    grid = np.arange(-(-low // step) * step, high + 1, step)  # the lengths the stride allows
+    if kind == "uniform":
+        return int(grid[int(rng.integers(len(grid)))])
+    n = float(np.exp(rng.uniform(np.log(low), np.log(high + 1))))  # log-uniform: short ones common
+    return int(grid[min(int(np.searchsorted(grid, n)), len(grid) - 1)])
+
+
+def pad(rule: InputRule, a: np.ndarray, lead: int = 1) -> np.ndarray:
+    """`a` (with `lead` leading batch axes) padded with the rule's value along its dynamic dims up
+    to the length padding sends them at; unchanged where the rule does not pad."""
+    if not rule.pad_to:
+        return a
+    widths = [(0, 0)] * lead
+    for j, d in enumerate(rule.dims):
+        n = a.shape[lead + j]
+        widths.append((0, rule.padded_length(n) - n) if d == -1 else (0, 0))
+    if all(w == (0, 0) for w in widths):
+        return a
+    return np.pad(a, widths, constant_values=np.asarray(rule.pad_value or 0, dtype=a.dtype))
 
 
 def sampler_for(rules: list[InputRule], batched: bool, input_data: Path | None = None, seed: int = 0) -> Sampler:

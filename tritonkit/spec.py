@@ -37,6 +37,33 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Lengths(_Strict):
+    """How long requests are along an input's dynamic dims (every one of them takes the drawn
+    length, the convention `build.bucket_edges` cuts by too): uniform or log-uniform between `low`
+    and `high` inclusive, or a `histogram` of length -> weight (from real traffic). Drawn lengths
+    land on the input's stride."""
+
+    dist: Literal["uniform", "loguniform", "histogram"] = "uniform"
+    low: int | None = Field(None, ge=1)
+    high: int | None = Field(None, ge=1)
+    histogram: dict[int, float] | None = Field(None, min_length=1)
+
+
+class CropSpec(_Strict):
+    """An output dim that follows the padded input length: it is cut back to ceil(length / per)
+    for the request's own length (a recogniser's time steps after a stride-4 downsampling: per 4)."""
+
+    dim: int = Field(ge=0)  # per sample, no batch axis
+    per: int = Field(1, ge=1)
+
+
+class PaddingSpec(_Strict):
+    """Requests padded where they are made, up to the next of `build.bucket_edges` (else the max)
+    along the dynamic dims, so that the server sees a few shapes and the batcher can fill batches."""
+
+    crop: dict[str, CropSpec] = Field(default_factory=dict)  # output name -> the dim to cut back
+
+
 class TensorSpec(_Strict):
     """One input or output. `dims` are per sample (no batch axis); -1 marks a dynamic dim."""
 
@@ -54,6 +81,8 @@ class TensorSpec(_Strict):
     shapes: list[list[int]] | None = Field(None, min_length=1)
     values: tuple[float, float] | None = None
     value: float | None = None
+    lengths: Lengths | None = None  # what traffic sends along the dynamic dims; default: opt
+    pad_value: float = 0.0  # what padding fills with (0 also for a mask: padding is not attended)
 
 
 class QueuePolicy(_Strict):
@@ -128,6 +157,7 @@ class ModelSpec(_Strict):
     memory_budget_mb: float | None = Field(None, gt=0)
     build: BuildSpec = Field(default_factory=BuildSpec)
     admission: Admission = Field(default_factory=Admission)
+    padding: PaddingSpec | None = None  # None: every length is its own shape
 
 
 class PipelineStep(_Strict):
