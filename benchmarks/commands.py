@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from tritonkit.benchmarks.ablation import SEEDS, run_ablation
+from tritonkit.benchmarks.buckets import run_buckets_bench
 from tritonkit.benchmarks.cases import CASES
 from tritonkit.benchmarks.floor import run_floor_bench
 from tritonkit.benchmarks.footprint import run_footprint
@@ -98,6 +99,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
         run_overload_bench(configs, model.name, a.out / "overload_repo", a.state_dir, a.out,
                            seconds=a.seconds, runs=a.runs, log=say)
         say(f"wrote {a.out / 'bench_overload.json'}")
+    elif a.what == "buckets":
+        raise_flag_problems([("--runs", a.runs >= 1, "measure each way at least once, e.g. 3"),
+                             ("--seconds", a.seconds > 0, "use a window of more than 0 s")])
+        run_buckets_bench(a.out / "buckets", a.state_dir, seconds=a.seconds, runs=a.runs, log=say)
+        say(f"wrote {a.out / 'buckets' / 'bench_buckets.json'}")
     elif a.what == "serving":
         raise_flag_problems([("--max-batch", a.max_batch >= 1, "use a max batch of 1 or more"),
                              ("--threads", a.threads >= 1, "use 1 or more ONNX Runtime threads"),
@@ -133,8 +139,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
-    sp.add_argument("what", choices=["generators", "tuner", "floor", "overload", "serving", "footprint", "routing",
-                                     "peer", "versus", "ablation", "mix", "remote"],
+    sp.add_argument("what", choices=["generators", "tuner", "floor", "overload", "buckets", "serving", "footprint",
+                                     "routing", "peer", "versus", "ablation", "mix", "remote"],
                     help="generators: Locust HTTP vs asyncio gRPC capacity and distortion, and one load through all "
                          "three engines; "
                          "peer: Model Analyzer's quick search (the [peer] extra), then perf_analyzer judging its "
@@ -153,6 +159,8 @@ def register(sub) -> None:
                          "overload: four ways of refusing load (Triton's queue policies, the gateway fixed "
                          "and adaptive, the client's throttle) at 0.8x to 3x the claim, for the spec's and "
                          "the tuned config; "
+                         "buckets: variable-width traffic unpadded, padded to the max and to tuned bucket "
+                         "edges (waste, mean batch, P95, claim); "
                          "serving: raw ONNX Runtime against the same model served by the kit; "
                          "footprint: install size per extra, idle memory of the server and the tuner sidecar; "
                          "routing: the edge/cloud router over a delayed link (shares, time to switch)")

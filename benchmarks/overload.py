@@ -41,6 +41,8 @@ from pathlib import Path
 
 import psutil
 
+from tritonkit.benchmarks.claim import DRAIN_S, claim_rate
+from tritonkit.benchmarks.cores import pinned, split_cores
 from tritonkit.clients import AsyncClient
 from tritonkit.clients.throttle import AdaptiveThrottle, ThrottledClient
 from tritonkit.configs.gateway import GatewayLimits, Upstream, bootstrap
@@ -61,8 +63,6 @@ RUNS = 3
 INTERACTIVE_SHARE = 0.25
 APPROACHES = ("queue_policy", "gateway_fixed", "gateway_adaptive", "client_throttle")
 THROTTLE_K = 2.0  # the SRE book's suggestion
-CLAIM_STEPS = 6  # bisection below the closed-loop bound: within 1/64 of it
-DRAIN_S = 2.0  # far past any SLO: a request still out then is late, and counted so
 # Triton's queues see the priority; on the policy-free copy (no priority levels) both classes are
 # priority 0 and the gateway tells them apart by the class header run_load sends.
 CLASSES = [RequestClass("interactive", weight=1, priority=1), RequestClass("bulk", weight=3, priority=0)]
@@ -149,43 +149,12 @@ async def _send(a: Approach, load: Load, slo_ms: float, seed: int) -> Outcome:
         return await run_load(a.url, a.model, load, a.classes, seed=seed, target=target)
 
 
-def _p95_ms(out: Outcome) -> tuple[float | None, float]:
-    """(P95 of the answered requests, the failed share)."""
-    ok = [s.latency_s * 1e3 for s in out.samples if s.latency_s is not None]
-    n = len(out.samples) + out.unanswered
-    return (percentile(ok, 95) if ok else None), ((n - len(ok)) / n if n else 1.0)
-
-
-async def claim_rate(url: str, model: str, slo_ms: float, seconds: float, log: Callable[[str], None]) -> dict:
-    """The highest Poisson rate at which P95 <= SLO with no failure, by bisection below what a
-    closed loop of 32 clients gets (no rate within the SLO exceeds that). A rate holds when one of
-    two runs at it holds: the claim is then what the bench overloads, and 0.8x of it shows whether
-    it was too high."""
-    bound_out = await run_load(url, model, Load(concurrency=32, duration_s=seconds, warmup_s=1.0, drain_s=DRAIN_S))
-    bound = sum(1 for s in bound_out.samples if s.latency_s is not None) / seconds
-    lo, hi, p95_at_lo, steps = 0.0, bound, None, []
-    for _ in range(CLAIM_STEPS):
-        rate = (lo + hi) / 2
-        for _attempt in range(2):  # one stall on this box fails a run at any rate: a miss is measured again
-            p95, failed = _p95_ms(await run_load(url, model, Load(rate=rate, duration_s=seconds, warmup_s=1.0,
-                                                                    drain_s=DRAIN_S)))
-            held = p95 is not None and p95 <= slo_ms and failed == 0
-            steps.append({"rate": round(rate, 1), "p95_ms": None if p95 is None else round(p95, 2), "held": held})
-            if held:
-                break
-        lo, hi, p95_at_lo = (rate, hi, p95) if held else (lo, rate, p95_at_lo)
-    log(f"  claim: {lo:.0f} req/s with P95 {p95_at_lo or float('nan'):.1f} ms <= {slo_ms:g} ms "
-        f"(closed loop of 32: {bound:.0f} req/s; steps {[(s['rate'], s['held']) for s in steps]})")
-    return {"claim_rps": round(lo, 1), "claim_p95_ms": p95_at_lo and round(p95_at_lo, 2),
-            "closed_loop_rps": round(bound, 1), "steps": steps}
-
-
 @contextlib.contextmanager
 def _gateways(grpc_port: int, limits: GatewayLimits, folder: Path, cpus: set[int] | None):
     """Two Envoys in front of the server's gRPC port, fixed and adaptive, on the server's cores."""
     with contextlib.ExitStack() as stack:
         started = {}
-        with _pinned(cpus):  # a child keeps the affinity it was started with
+        with pinned(cpus):  # a child keeps the affinity it was started with
             for name, adaptive in (("gateway_fixed", False), ("gateway_adaptive", True)):
                 port, admin = free_port(), free_port()
                 config = folder / f"{name}.json"
@@ -238,7 +207,7 @@ async def _bench_config(r, label: str, names: tuple[str, str], slo_ms: float, se
                         log: Callable[[str], None]) -> dict:
     name, free = names
     direct = r.endpoints.grpc
-    with _pinned(generator_cpus):
+    with pinned(generator_cpus):
         claim = await claim_rate(direct, free, slo_ms, seconds, log)
     rate = claim["claim_rps"]
     if not rate:
@@ -247,7 +216,7 @@ async def _bench_config(r, label: str, names: tuple[str, str], slo_ms: float, se
     limits = GatewayLimits.from_claim(rate, claim["claim_p95_ms"], slo_ms, INTERACTIVE_SHARE)
     log(f"  gateway limits: {limits.max_requests} in flight (HIGH {limits.max_requests_high}), "
         f"deadline {limits.timeout_ms:g} ms")
-    with _gateways(r.endpoints.grpc_port, limits, folder, server_cpus) as gateways, _pinned(generator_cpus):
+    with _gateways(r.endpoints.grpc_port, limits, folder, server_cpus) as gateways, pinned(generator_cpus):
         approaches = _approaches(direct, name, free, gateways)
         meter = CpuMeter({"server": r.server.proc.pid, "generator": os.getpid(),
                           **{n: e.proc.pid for n, (_, e) in gateways.items()}})
@@ -308,26 +277,6 @@ def format_table(label: str, result: dict) -> list[str]:
                          f"{late:<10} "
                          f"{cpu['server']:.0f}/{cpu['gateway']:.0f}/{cpu['generator']:.0f}")
     return lines
-
-
-def split_cores() -> tuple[set[int] | None, set[int] | None]:
-    """(server cores, generator cores): halves of what this process may use; None on one core."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        return None, None
-    half = len(cores) // 2
-    return set(cores[:half]), set(cores[half:])
-
-
-@contextlib.contextmanager
-def _pinned(cpus: set[int] | None):
-    before = os.sched_getaffinity(0)
-    if cpus:
-        os.sched_setaffinity(0, cpus)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 def run_overload_bench(configs: dict[str, Spec], model: str, repo: Path, state_dir: Path, out_dir: Path, *,

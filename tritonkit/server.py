@@ -36,6 +36,11 @@ from tritonkit.spec import ServerSpec
 STATE_FILE = "server.json"
 
 
+# The python backend's shared-memory region per stub, first size and each growth. Triton's own
+# 1 MB grows a step at a time as batched tensors of a few MB arrive together, and on 2.51 that
+# growth under concurrent requests can take the server down (SIGSEGV, boost lock_exception; Triton
+# issue 8882). Pages of /dev/shm are only used as written, so a larger region costs nothing idle.
+PYTHON_SHM_BYTES = 64 * 1024 * 1024
 DEFAULT_BACKEND_DIR = Path("/opt/tritonserver/backends")  # where a tritonserver looks without --backend-directory
 
 
@@ -313,6 +318,8 @@ class LocalTriton:
             "--strict-readiness=true",
             "--exit-timeout-secs=10",
             f"--log-verbose={self.log_verbose}",
+            f"--backend-config=python,shm-default-byte-size={PYTHON_SHM_BYTES}",
+            f"--backend-config=python,shm-growth-byte-size={PYTHON_SHM_BYTES}",
         ]
         cmd += [f"--load-model={name}" for name in self.models]
         if self.restricted:
