@@ -95,21 +95,31 @@ def summarize(out: Outcome, load: Load, claim: float, slo_ms: float) -> dict:
             errors[s.kind] = errors.get(s.kind, 0) + 1
     late = sum(1 for s in out.samples if s.latency_s is not None and s.latency_s > slo_s) + out.unanswered
     health = generator_health(load, out)
+    # Triton's own count over the run (warm-up included): what it executed beyond the answers the
+    # client got is work for requests already refused by a deadline, the server's cores spent on nothing
+    executed = None
+    if out.stats_before and out.stats_after:
+        executed = (int(out.stats_after["inference_stats"]["success"]["count"])
+                    - int(out.stats_before["inference_stats"]["success"]["count"]))
     return {"offered_rps": round(load.rate, 1), "goodput_rps": round(len(within) / load.duration_s, 1),
             "goodput_ratio": round(len(within) / load.duration_s / claim, 3),
             "interactive_offered_rps": round(offered_i, 1),
             "interactive_within_ratio": round(within_i / due_i, 3) if due_i else None,
             "refusal_p95_ms": round(percentile(refused, 95) * 1e3, 2) if refused else None,
             "refused": len(refused), "late": late, "unanswered": out.unanswered, "errors": errors,
+            "server_executed": executed, "answered": sum(1 for s in out.samples if s.latency_s is not None),
             "generator_limited": bool(health["warning"]), "generator_warning": health["warning"]}
 
 
 class CpuMeter:
-    """CPU time of named process trees between two calls, as percent of one core."""
+    """CPU time of named processes between two calls, as percent of one core: `trees` with their
+    children (a server and its backend stubs), `alone` without (this process, whose children are
+    the server and the gateways)."""
 
-    def __init__(self, pids: dict[str, int]):
+    def __init__(self, trees: dict[str, int], alone: dict[str, int]):
         self.trees = {name: [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
-                      for name, pid in pids.items()}
+                      for name, pid in trees.items()}
+        self.trees |= {name: [psutil.Process(pid)] for name, pid in alone.items()}
         self._t0, self._cpu0 = time.perf_counter(), self._times()
 
     def _times(self) -> dict[str, float]:
@@ -213,13 +223,15 @@ async def _bench_config(r, label: str, names: tuple[str, str], slo_ms: float, se
     if not rate:
         log("  no rate held the SLO on the policy-free copy: nothing to overload")
         return {**claim, "approaches": {}}
-    limits = GatewayLimits.from_claim(rate, claim["claim_p95_ms"], slo_ms, INTERACTIVE_SHARE)
-    log(f"  gateway limits: {limits.max_requests} in flight (HIGH {limits.max_requests_high}), "
-        f"deadline {limits.timeout_ms:g} ms")
+    # No deadline at the gateway, the in-flight limit alone bounds the wait: with the SLO as its
+    # deadline the fixed gateway kept no goodput at all from 1.5x up on Triton 2.51 (docs/overload.md),
+    # and 2.49 to 2.53 can crash on a cancelled gRPC request (Triton issue 7368)
+    limits = GatewayLimits.from_claim(rate, claim["claim_p95_ms"], None, INTERACTIVE_SHARE)
+    log(f"  gateway limits: {limits.describe()}")
     with _gateways(r.endpoints.grpc_port, limits, folder, server_cpus) as gateways, pinned(generator_cpus):
         approaches = _approaches(direct, name, free, gateways)
-        meter = CpuMeter({"server": r.server.proc.pid, "generator": os.getpid(),
-                          **{n: e.proc.pid for n, (_, e) in gateways.items()}})
+        meter = CpuMeter({"server": r.server.proc.pid},
+                         {"generator": os.getpid(), **{n: e.proc.pid for n, (_, e) in gateways.items()}})
         rows: dict[str, dict[str, list[dict]]] = {a.name: {str(f): [] for f in FACTORS} for a in approaches}
         for run in range(runs):
             for f in FACTORS:

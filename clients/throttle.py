@@ -67,11 +67,14 @@ class AdaptiveThrottle:
 
 class ThrottledClient:
     """An async client (AsyncClient, AsyncRouter) behind an AdaptiveThrottle: a request is accepted
-    when it is answered within `deadline_s`, which is also the gRPC deadline it is sent with. A
-    refused request raises ThrottledError at once, without leaving the process."""
+    when it is answered within `deadline_s`. With `send_deadline` that is also the gRPC deadline it
+    is sent with; off by default, because a server that cancels the request then can crash on it
+    (Triton 2.49 to 2.53, issue 7368). A refused request raises ThrottledError at once, without
+    leaving the process."""
 
-    def __init__(self, client, throttle: AdaptiveThrottle, deadline_s: float):
+    def __init__(self, client, throttle: AdaptiveThrottle, deadline_s: float, send_deadline: bool = False):
         self.client, self.throttle, self.deadline_s = client, throttle, deadline_s
+        self.send_deadline = send_deadline
 
     async def infer(self, model: str, arrays, **kw):
         if not self.throttle.admit():
@@ -79,7 +82,9 @@ class ThrottledClient:
                                  f"{self.throttle.accepts} of the last {self.throttle.requests} requests)")
         sent = time.monotonic()
         try:
-            out = await self.client.infer(model, arrays, deadline_s=self.deadline_s, **kw)
+            if self.send_deadline:
+                kw["deadline_s"] = self.deadline_s
+            out = await self.client.infer(model, arrays, **kw)
         except TritonRequestError:
             self.throttle.done(False)
             raise

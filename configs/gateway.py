@@ -48,11 +48,15 @@ class GatewayLimits:
 
     max_requests: int  # bulk and default traffic in flight to Triton (the DEFAULT threshold)
     max_requests_high: int  # interactive traffic in flight (the HIGH threshold)
-    timeout_ms: float  # a request not answered by then is cancelled and refused
+    timeout_ms: float | None  # a request not answered by then is cancelled and refused; None: no deadline
     adaptive: bool = False  # Envoy's adaptive concurrency filter in front of the fixed limit
 
+    def describe(self) -> str:
+        deadline = f"deadline {self.timeout_ms:g} ms" if self.timeout_ms else "no deadline"
+        return f"{self.max_requests} in flight (interactive {self.max_requests_high}), {deadline}"
+
     @classmethod
-    def from_claim(cls, claim_rps: float, p95_ms: float, slo_ms: float, interactive_share: float = 0.0,
+    def from_claim(cls, claim_rps: float, p95_ms: float, slo_ms: float | None, interactive_share: float = 0.0,
                    adaptive: bool = False) -> GatewayLimits:
         """`in_flight_limit` at the claim's rate and the P95 measured there (a bound on most
         requests' time in the server). Interactive traffic gets its share, at least one, on its own
@@ -142,7 +146,7 @@ def bootstrap(listen_port: int, upstream: Upstream | int, admin_port: int, limit
 
     grpc = header("content-type", prefix="application/grpc")
     interactive = header(CLASS_HEADER, exact="interactive")
-    deadline = timedelta(milliseconds=limits.timeout_ms)
+    deadline = timedelta(milliseconds=limits.timeout_ms or 0)  # 0: none (Envoy's default is 15 s)
     protocols = [(UPSTREAM, [grpc])] + ([(UPSTREAM_HTTP, [])] if up.http_port else [])
     routes = []
     for name, by_protocol in protocols:  # gRPC first: the HTTP routes match whatever is left

@@ -64,6 +64,7 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
 
         start = time.perf_counter()
         window = (start + load.warmup_s, start + load.warmup_s + load.duration_s)
+        counting = [True]  # False once the drain is over: a straggler's answer then comes too late to count
 
         async def open_window() -> None:
             await asyncio.sleep(load.warmup_s)
@@ -83,7 +84,7 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
             except TritonRequestError as e:
                 sample = Sample(cls.name, scheduled, sent, None, e.kind, failed_after_s=time.perf_counter() - sent)
                 out.error_examples.setdefault(e.kind, str(e)[:200])
-            if window[0] <= scheduled < window[1]:
+            if counting[0] and window[0] <= scheduled < window[1]:
                 out.samples.append(sample)
 
         def pick() -> RequestClass:
@@ -110,10 +111,9 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
                 task.add_done_callback(tasks.discard)
             if tasks:
                 await asyncio.wait(tasks, timeout=load.drain_s)
-            late = list(tasks)  # still out after the drain: cancelled, and counted as unanswered
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+            # Still out after the drain: counted as unanswered and no longer sampled, but not
+            # cancelled (Triton 2.49 to 2.53 can crash on a cancelled gRPC request, issue 7368)
+            counting[0] = False
             out.unanswered = sent_in_window - len(out.samples)  # only the window's are sampled
         else:
             async def worker(i: int) -> None:

@@ -21,8 +21,14 @@ Python generator. The kit drives it so that its numbers mean what the other engi
   shares, and the export then records one value a tensor (a few hundred bytes a request, where
   gigabytes would pass through PA's memory at thousands of requests a second). That value is
   whatever bytes PA finds where it looks, now and then a NaN, at which PA's JSON writer stops
-  without flushing its last 64 KB: the export ends early or holds nothing. Such a run is
-  measured again with tensors over gRPC.
+  without flushing its last 64 KB: the export ends early or holds nothing. The NaN is chance (2 to
+  6 runs in 60), so such a run is measured once more the same way; lost twice, it raises
+  `PerfAnalyzerLostExport`, and the cheapest-client path measures it with the asyncio client.
+  Never again with tensors over gRPC: for a 64x64 image at 4,300 req/s that took PA to 22 GB and
+  the kernel's OOM killer.
+- PA runs under an address-space cap (`PA_MEMORY_SHARE` of the machine's memory): a run whose
+  export outgrows it ends in PA, as `PerfAnalyzerStopped` saying so, not in the OOM killer taking
+  whatever else runs.
 PA gives up on a measurement at the first failed request (a full queue, a queue timeout): the run
 then raises `PerfAnalyzerStopped` with Triton's own count of what it served and refused.
 """
@@ -35,6 +41,7 @@ import math
 import os
 import random
 import re
+import resource
 import subprocess
 import tempfile
 import threading
@@ -55,6 +62,8 @@ from tritonkit.loadtests.load import Load, Outcome, RequestClass, Sample
 WINDOWS = 3  # PA's stability rule needs three windows before it reports anything
 WINDOW_SLEEP = 1.2  # PA sleeps 1.2 windows per measurement window
 GENERATED_SAMPLES = 16  # distinct payloads where the rules vary the shape
+PA_MEMORY_SHARE = 0.5  # of the machine's memory: PA's address space at most
+ENV_MEMORY_MB = "TRITONKIT_PA_MEMORY_MB"  # the cap in MB instead (tests)
 _PAIR = re.compile(rb'"timestamp":(\d+)|"response_timestamps":\[(\d*)')
 _END = re.compile(rb'"version":"[^"]*"(,"\w+":"[^"]*")*\}\s*$')  # written after every experiment
 _END_SPAN = 4096
@@ -111,8 +120,8 @@ def run_pa(url: str, model: str, load: Load, classes: list[RequestClass] | None 
             try:
                 return _measure(pa, args + shm, client, model, load, cls, Path(tmp) / "export.fifo")
             except PerfAnalyzerLostExport as e:
-                log(f"{e}; measuring the run again with tensors over gRPC")
-                return _measure(pa, args, client, model, load, cls, Path(tmp) / "export.fifo")
+                log(f"{e}; measuring the run again")
+                return _measure(pa, args + shm, client, model, load, cls, Path(tmp) / "export.fifo")
 
 
 def _arguments(model: str, url: str, load: Load, cls: RequestClass, samples: list[dict[str, np.ndarray]],
@@ -183,8 +192,11 @@ def _measure(pa: pa_install.PerfAnalyzer, args: list[str], client: Client, model
     reader.start()
     lines: list[str] = []
     started = threading.Event()
+    cap = memory_cap()
     proc = subprocess.Popen(pa.command(*args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=pa.environ())
+    with contextlib.suppress(OSError):  # set from outside: a preexec_fn is unsafe beside the reader thread
+        resource.prlimit(proc.pid, resource.RLIMIT_AS, (cap, cap))
 
     def collect() -> None:
         for line in proc.stdout:
@@ -222,6 +234,10 @@ def _measure(pa: pa_install.PerfAnalyzer, args: list[str], client: Client, model
     for line in lines:
         if m := _THREAD_ERROR.search(line):
             errors.setdefault(classify(Exception(m.group(1))).kind, m.group(1).strip())
+    if proc.returncode != 0 and any("bad_alloc" in x for x in lines):
+        raise PerfAnalyzerStopped(
+            f"perf_analyzer ran out of its memory cap ({cap / 2**30:.1f} GB): its profile export holds every "
+            f"request's tensors, more than that at this rate; use --engine asyncio for this load", served, failed)
     if proc.returncode != 0:
         said = "; ".join(f"{k}: {v}" for k, v in errors.items()) or next(
             (x for x in reversed(lines) if x.strip()), f"exit code {proc.returncode}")
@@ -241,6 +257,13 @@ def _measure(pa: pa_install.PerfAnalyzer, args: list[str], client: Client, model
         if m := _DELAYED.search(line):
             out.generator_notes.append(f"perf_analyzer sent {m.group(1)}% of the requests later than scheduled")
     return out
+
+
+def memory_cap() -> int:
+    """PA's address-space cap in bytes: `PA_MEMORY_SHARE` of the machine's memory, or $TRITONKIT_PA_MEMORY_MB."""
+    if os.environ.get(ENV_MEMORY_MB):
+        return int(float(os.environ[ENV_MEMORY_MB]) * 2**20)
+    return int(PA_MEMORY_SHARE * psutil.virtual_memory().total)
 
 
 def _fill(out: Outcome, pairs: list[tuple[int, int | None]], load: Load, cls: str, failed: int, kind: str) -> None:

@@ -48,8 +48,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     with serve_configured(spec, a.repo, a.state_dir, ports=port_overrides(a), log=say) as r, \
             gateway_in_front(spec, r, a.state_dir, limits) as gw:
         ep = r.endpoints
-        front = (f"  gateway  {gw.url} (Envoy: {gw.limits.max_requests} in flight, interactive "
-                 f"{gw.limits.max_requests_high}, deadline {gw.limits.timeout_ms:g} ms; clients connect here)\n"
+        front = (f"  gateway  {gw.url} (Envoy: {gw.limits.describe()}; clients connect here)\n"
                  if gw else "")
         say(f"serving {served_names(spec, r.served)}\n{front}"
             f"  HTTP     http://{ep.http}\n  gRPC     {ep.grpc}\n  metrics  {ep.metrics}\n"
