@@ -25,6 +25,7 @@ from pathlib import Path
 from tritonkit.errors import InputError, Problem
 from tritonkit.files import write_bytes_atomic
 from tritonkit.spec import Spec
+from tritonkit.support import cancels_safely
 
 BURST_SDS = 3  # room above the mean in flight: a limit there refuses about 1 request in 1000 at the claim
 CLASS_HEADER = "x-tritonkit-class"  # the request class a client sends; "interactive" takes the HIGH route
@@ -66,28 +67,23 @@ class GatewayLimits:
         return cls(in_flight, high, slo_ms, adaptive)
 
 
-def limits_for(spec: Spec, models: list[str]) -> GatewayLimits:
+def limits_for(spec: Spec, models: list[str], triton_version: str) -> GatewayLimits:
     """The gateway's limits for the served `models`: the spec's `server.gateway.max_in_flight`, else
-    the sum of what `tune` wrote for each (`admission.max_in_flight`); the deadline is the spec's,
-    else the tightest SLO. Without a limit it is refused, naming both places to set one."""
+    the sum of what `tune` wrote for each (`admission.max_in_flight`); without a limit it is
+    refused, naming both places to set one. The deadline is the spec's `timeout_ms`, else the
+    tightest SLO where the Triton behind it survives cancelled requests (`support.cancels_safely`),
+    else none: the limit alone bounds the wait."""
     g = spec.server.gateway
     served = [m for m in spec.models if m.name in models]  # a pipeline is its models' traffic
     tuned = [m.admission.max_in_flight for m in served]
     limit = g.max_in_flight or (sum(tuned) if tuned and all(tuned) else None)
     slos = [m.slo.p95_ms for m in served if m.slo.p95_ms]
-    timeout = g.timeout_ms or (min(slos) if slos else None)
-    problems = []
+    timeout = g.timeout_ms or (min(slos) if slos and cancels_safely(triton_version) else None)
     if limit is None:
-        problems.append(Problem(spec.shown, "server.gateway.max_in_flight", "the gateway has no limit: it is unset "
-                                "and not every served model has an admission.max_in_flight from `tritonkit tune`",
-                                "run `tritonkit tune` for each model (it writes one to tuned.yaml), or set "
-                                "server.gateway.max_in_flight"))
-    if timeout is None:
-        problems.append(Problem(spec.shown, "server.gateway.timeout_ms", "the gateway has no deadline: it is "
-                                "unset and no served model has a slo.p95_ms",
-                                "set server.gateway.timeout_ms or a slo.p95_ms"))
-    if problems:
-        raise InputError(problems)
+        raise InputError([Problem(spec.shown, "server.gateway.max_in_flight", "the gateway has no limit: it is unset "
+                                  "and not every served model has an admission.max_in_flight from `tritonkit tune`",
+                                  "run `tritonkit tune` for each model (it writes one to tuned.yaml), or set "
+                                  "server.gateway.max_in_flight")])
     high = max(1, math.ceil(limit * g.interactive_share)) if g.interactive_share else limit
     return GatewayLimits(limit, high, timeout, g.adaptive)
 

@@ -21,7 +21,7 @@ from tritonkit.gateway import LocalEnvoy
 from tritonkit.server import free_port
 from tritonkit.serving import Running, running
 from tritonkit.spec import Spec
-from tritonkit.support import Target, spec_target
+from tritonkit.support import Target, local_triton, spec_target
 
 
 def build_then_configs(spec: Spec, out: Path, models: list[str] | None = None, target: str | Target = "local",
@@ -96,7 +96,7 @@ def gateway_in_front(spec: Spec, r: Running, state_dir: Path,
     if not g.enabled:
         yield None
         return
-    limits = limits or limits_for(spec, list(r.served))
+    limits = limits or limits_for(spec, list(r.served), local_triton())
     port, admin = g.port or free_port(spec.server.host), g.admin_port or free_port()
     config = Path(state_dir) / "envoy.json"
     e = r.endpoints

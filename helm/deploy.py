@@ -205,7 +205,8 @@ def gateway_values(spec: Spec, served: list[str], ports: dict[str, int]) -> dict
     gw_ports = {**GATEWAY_PORTS, **({"traffic": g.port} if g.port else {}),
                 **({"admin": g.admin_port} if g.admin_port else {})}
     upstream = Upstream(grpc_port=ports["grpc"], http_port=ports["http"], metrics_port=ports["metrics"])
-    config = bootstrap(gw_ports["traffic"], upstream, gw_ports["admin"], limits_for(spec, served),
+    config = bootstrap(gw_ports["traffic"], upstream, gw_ports["admin"],
+                       limits_for(spec, served, spec_target(spec).release.triton),
                        listen_address="0.0.0.0", probe_port=gw_ports["probes"])
     return {"enabled": True, "ports": gw_ports, "bootstrap": json.dumps(config, sort_keys=True)}
 

@@ -990,7 +990,9 @@ def test_deploy_puts_the_gateway_in_front_from_the_spec(workdir):
     assert [b["maxRequests"] for b in breakers] == [12, 3]  # 9 + 3, a quarter of it interactive
     routes = config["staticResources"]["listeners"][0]["filterChains"][0]["filters"][0]["typedConfig"]
     timeouts = {r["route"]["timeout"] for r in routes["routeConfig"]["virtualHosts"][0]["routes"]}
-    assert timeouts == {"0s", "0.020s"}  # model control none; inference the tightest SLO, mlp's 20 ms
+    # none, model control nor inference: the target's Triton 2.51 can crash on a request the
+    # gateway cancels at a deadline (support.cancels_safely); the limit alone bounds the wait
+    assert timeouts == {"0s"}
 
 
 def test_deploy_block_drives_the_values(workdir):

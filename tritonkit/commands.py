@@ -15,6 +15,7 @@ from tritonkit.configs.steps import gateway_in_front, serve_configured
 from tritonkit.demo import run_demo
 from tritonkit.errors import KitError, raise_flag_problems
 from tritonkit.spec import Spec, parse_spec
+from tritonkit.support import local_triton
 
 
 def cmd_sample_model(a: argparse.Namespace) -> int:
@@ -37,7 +38,7 @@ def served_names(spec: Spec, served: tuple[str, ...]) -> str:
 def cmd_serve(a: argparse.Namespace) -> int:
     spec = load_spec(a.spec, a.repo)
     # the gateway's limits are checked before anything starts
-    limits = limits_for(spec, list(spec.served())) if spec.server.gateway.enabled else None
+    limits = limits_for(spec, list(spec.served()), local_triton()) if spec.server.gateway.enabled else None
     stop = {"signal": None}
 
     def on_signal(signum, _frame):

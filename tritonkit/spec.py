@@ -199,7 +199,7 @@ class GatewaySpec(_Strict):
     max_in_flight: int | None = Field(None, ge=1)
     interactive_share: float = Field(0.25, ge=0, le=1)  # of the limit, on the HIGH threshold
     adaptive: bool = False  # Envoy's adaptive concurrency filter in front of the fixed limit
-    timeout_ms: float | None = Field(None, gt=0)  # the deadline; None: the tightest slo.p95_ms
+    timeout_ms: float | None = Field(None, gt=0)  # the deadline; None: the tightest SLO where it is safe
 
 
 class ServerSpec(_Strict):

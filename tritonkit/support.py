@@ -118,6 +118,26 @@ class Target:
                 f"({self.arch}), {'GPU' if self.gpu else 'no GPU'}")
 
 
+# The first Triton whose gRPC frontend survives a request cancelled while in flight (Triton issue
+# 7368, fixed on the 24.12 branch, released from 25.01). Before it, a gateway's deadline (Envoy
+# resets the stream) or a client's gRPC deadline can crash the server under the very overload a
+# deadline is for: bench overload crashed 2.51 so.
+SAFE_CANCEL_FROM = (2, 54, 0)
+
+
+def cancels_safely(triton_version: str) -> bool:
+    """Whether a server of this version may be sent requests that get cancelled."""
+    try:
+        return tuple(int(x) for x in triton_version.split(".")[:3]) >= SAFE_CANCEL_FROM
+    except ValueError:
+        return False
+
+
+def local_triton() -> str:
+    """The bundled server's Triton version (`serve`, the demo and the benches start it)."""
+    return next(r.triton for r in RELEASES if r.release == LOCAL_RELEASE)
+
+
 def nearest(release: str) -> Release:
     """The supported row closest to `release` by months (the newer of two as close)."""
     def months(r: str) -> int:
