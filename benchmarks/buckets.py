@@ -36,7 +36,7 @@ from tritonkit.loadtests.load import Load, run_figures
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.loadtests.server_stats import breakdown
 from tritonkit.serving import running
-from tritonkit.tuner.buckets import best_edges, choose, length_weights, padding_waste
+from tritonkit.tuner.buckets import NO_PADDING, best_edges, choose, length_weights, padding_waste
 
 DISTS = ("uniform", "loguniform")
 LOW, HIGH, STRIDE = 32, 320, 8
@@ -77,15 +77,16 @@ async def _at_rate(url: str, model: str, rate: float, seconds: float, seed: int)
 async def _bench_dist(url: str, dist: str, ways: dict, seconds: float, runs: int, log: Callable[[str], None]) -> dict:
     log(f"== {dist} lengths {LOW}..{HIGH}: tuning the bucket count")
     tuning = {}
-    for name in ["k1", *(f"k{k}" for k in COUNTS)]:
-        log(f"  {name}: edges {list(ways[name]) or '-'} + {HIGH}")
+    for name in ["none", "k1", *(f"k{k}" for k in COUNTS)]:
+        log(f"  {name}: " + ("no padding" if name == "none" else f"edges {list(ways[name]) or '-'} + {HIGH}"))
         tuning[name] = await claim_rate(url, f"line_{dist}_{name}", SLO_MS, seconds, log, steps=5)
-    claims = {int(name[1:]): t["claim_rps"] for name, t in tuning.items()}
+    claims = {NO_PADDING if name == "none" else int(name[1:]): t["claim_rps"] for name, t in tuning.items()}
     weights = length_weights(_rule(dist))
     k = choose(claims)
-    tuned = f"k{k}"
+    tuned = "none" if k == NO_PADDING else f"k{k}"
     rate = tuning[tuned]["claim_rps"]
-    log(f"  tuned: {k} bucket(s), edges {list(ways[tuned]) or '-'} + {HIGH}; every way at {rate:.0f} req/s")
+    chosen = "no padding" if ways[tuned] is None else f"{k} bucket(s), edges {list(ways[tuned]) or '-'} + {HIGH}"
+    log(f"  tuned: {chosen}; every way at {rate:.0f} req/s")
     table: dict[str, list[dict]] = {"none": [], "max": [], "tuned": []}
     for run in range(runs):
         for way, name in (("none", "none"), ("max", "k1"), ("tuned", tuned)):
@@ -96,9 +97,11 @@ async def _bench_dist(url: str, dist: str, ways: dict, seconds: float, runs: int
             log(f"  run {run + 1} {way:<6} waste {row['padding_waste']}  mean batch {row['mean_batch']}  "
                 f"P95 {row['p95_ms']} ms  errors {row['error_ratio']:.1%}  claim {row['claim_rps']:.0f} req/s"
                 f"{'  (generator-limited)' if row['generator_limited'] else ''}")
-    return {"tuning": {n: {"edges": list(ways[n]), "claim_rps": t["claim_rps"]} for n, t in tuning.items()},
-            "tuned_buckets": k, "tuned_edges": list(ways[tuned]), "rate": rate,
-            "expected_waste": {way: round(padding_waste(weights, tuple(sorted({*ways[name], HIGH}))), 3)
+    return {"tuning": {n: {"edges": None if ways[n] is None else list(ways[n]), "claim_rps": t["claim_rps"]}
+                       for n, t in tuning.items()},
+            "tuned_buckets": k, "tuned_edges": None if ways[tuned] is None else list(ways[tuned]), "rate": rate,
+            "expected_waste": {way: round(padding_waste(weights, None if ways[name] is None else
+                                                        tuple(sorted({*ways[name], HIGH}))), 3)
                                for way, name in (("max", "k1"), ("tuned", tuned))},
             "ways": table, "summary": {way: _median(rows) for way, rows in table.items()}}
 
@@ -122,7 +125,9 @@ def format_table(dist: str, res: dict) -> list[str]:
             return "-"
         return f"{fmt.format(fig['median'])} ({fmt.format(fig['min'])}-{fmt.format(fig['max'])})"
 
-    lines = [f"{dist}: tuned {res['tuned_buckets']} bucket(s) {res['tuned_edges']} + {HIGH}; all at "
+    edges = res["tuned_edges"]
+    tuned = "no padding" if edges is None else f"{res['tuned_buckets']} bucket(s) {edges} + {HIGH}"
+    lines = [f"{dist}: tuned {tuned}; all at "
              f"{res['rate']:.0f} req/s; SLO P95 {SLO_MS:g} ms",
              f"  {'way':<6} {'padding waste':<20} {'mean batch':<20} {'P95 ms':<22} claim req/s"]
     for way, m in res["summary"].items():

@@ -35,3 +35,5 @@ def test_the_edges_pad_least_of_every_choice(dist, buckets):
 def test_the_count_kept_is_the_fewest_buckets_within_a_tie_of_the_best():
     assert choose({1: 300.0, 2: 565.0, 3: 540.0, 4: 590.0}) == 2  # 565 is within 5% of 590
     assert choose({1: 300.0, 2: 400.0, 3: 600.0}) == 3
+    assert choose({0: 1300.0, 1: 1050.0, 3: 1159.0}) == 0  # unpadded beats every count by more than 5%
+    assert choose({0: 1200.0, 1: 1050.0, 3: 1159.0}) == 3  # within a tie: padding, for its batches

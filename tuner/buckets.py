@@ -64,7 +64,14 @@ def padding_waste(weights: dict[int, float], pad_to: tuple[int, ...] | None) -> 
     return sent / real - 1
 
 
+NO_PADDING = 0  # the count that stands for every length its own shape
+
+
 def choose(claims: dict[int, float]) -> int:
-    """The bucket count to keep from each count's measured claim (req/s within the SLO)."""
+    """The bucket count to keep from each count's measured claim (req/s within the SLO), NO_PADDING
+    among them: the fewest buckets within a tie of the best, and no padding only when it beats
+    every count by more than a tie (on a CPU, where a batch costs what its requests cost alone,
+    padding buys nothing and costs its waste)."""
     top = max(claims.values())
-    return min(k for k, rate in claims.items() if rate >= (1 - TIE) * top)
+    padded = [k for k, rate in claims.items() if k != NO_PADDING and rate >= (1 - TIE) * top]
+    return min(padded) if padded else NO_PADDING
