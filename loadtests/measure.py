@@ -12,6 +12,7 @@ from tritonkit.loadtests.locust_run import run_locust
 from tritonkit.loadtests.pa_run import PerfAnalyzerLostExport, PerfAnalyzerStopped, run_pa
 from tritonkit.loadtests.results import build_result
 from tritonkit.loadtests.server_stats import breakdown, summary_quantiles
+from tritonkit.support import cancels_safely
 
 
 def measure(endpoints, model: str, load: Load, classes: list[RequestClass] | None = None, *,
@@ -76,13 +77,26 @@ def send_cheapest(url: str, model: str, load: Load, classes: list[RequestClass] 
     asyncio client where perf_analyzer cannot send it (several classes), gives up on it (a refused
     request: asyncio counts every refusal) or loses its export. Returns the outcome and the client that measured it."""
     classes = classes or [RequestClass()]
-    if classes == [RequestClass()]:
+    if classes == [RequestClass()] and not _abandons_requests(url, model):
         try:
             return run_pa(url, model, load, classes, input_data=input_data, shared_memory=True,
                           log=lambda s: None), "perf_analyzer"
         except (PerfAnalyzerStopped, PerfAnalyzerLostExport):
             pass
     return asyncio.run(run_load(url, model, load, classes, input_data=input_data)), "asyncio"
+
+
+def _abandons_requests(url: str, model: str) -> bool:
+    """Would perf_analyzer leave requests in flight on a server that cannot take it? PA exits at
+    its first refused request (a bounded queue's), and its closing connection cancels every request
+    still out; Triton before 2.54 can crash on a cancelled request (`support.cancels_safely`; a
+    judge run against a one-deep queue lost its server so). Such a load goes to the asyncio client."""
+    with Client(url) as c:
+        if cancels_safely(c.server_version()):
+            return False
+        b = c.config(model).dynamic_batching
+    policies = [b.default_queue_policy, *b.priority_queue_policy.values()]
+    return any(q.max_queue_size for q in policies)
 
 
 def _quantiles(metrics: str | None, model: str) -> dict:
