@@ -57,6 +57,7 @@ from tritonkit.server import free_port
 from tritonkit.serving import running
 from tritonkit.spec import Spec
 from tritonkit.stats import percentile
+from tritonkit.support import cancels_safely
 
 FACTORS = (0.8, 1.5, 2.0, 3.0)
 RUNS = 3
@@ -223,10 +224,11 @@ async def _bench_config(r, label: str, names: tuple[str, str], slo_ms: float, se
     if not rate:
         log("  no rate held the SLO on the policy-free copy: nothing to overload")
         return {**claim, "approaches": {}}
-    # No deadline at the gateway, the in-flight limit alone bounds the wait: with the SLO as its
-    # deadline the fixed gateway kept no goodput at all from 1.5x up on Triton 2.51 (docs/overload.md),
-    # and 2.49 to 2.53 can crash on a cancelled gRPC request (Triton issue 7368)
-    limits = GatewayLimits.from_claim(rate, claim["claim_p95_ms"], None, INTERACTIVE_SHARE)
+    # The SLO as the gateway's deadline only where Triton survives the cancellations it causes
+    # (support.cancels_safely); elsewhere the in-flight limit alone bounds the wait
+    with r.client() as c:
+        deadline = slo_ms if cancels_safely(c.server_version()) else None
+    limits = GatewayLimits.from_claim(rate, claim["claim_p95_ms"], deadline, INTERACTIVE_SHARE)
     log(f"  gateway limits: {limits.describe()}")
     with _gateways(r.endpoints.grpc_port, limits, folder, server_cpus) as gateways, pinned(generator_cpus):
         approaches = _approaches(direct, name, free, gateways)

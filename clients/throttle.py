@@ -68,9 +68,9 @@ class AdaptiveThrottle:
 class ThrottledClient:
     """An async client (AsyncClient, AsyncRouter) behind an AdaptiveThrottle: a request is accepted
     when it is answered within `deadline_s`. With `send_deadline` that is also the gRPC deadline it
-    is sent with; off by default, because a server that cancels the request then can crash on it
-    (Triton 2.49 to 2.53, issue 7368). A refused request raises ThrottledError at once, without
-    leaving the process."""
+    is sent with; off by default, because a Triton that cancels the request then may crash on it
+    (`support.cancels_safely` says which do not). A refused request raises ThrottledError at once,
+    without leaving the process."""
 
     def __init__(self, client, throttle: AdaptiveThrottle, deadline_s: float, send_deadline: bool = False):
         self.client, self.throttle, self.deadline_s = client, throttle, deadline_s

@@ -112,7 +112,7 @@ async def run_load(url: str, model: str, load: Load, classes: list[RequestClass]
             if tasks:
                 await asyncio.wait(tasks, timeout=load.drain_s)
             # Still out after the drain: counted as unanswered and no longer sampled, but not
-            # cancelled (Triton 2.49 to 2.53 can crash on a cancelled gRPC request, issue 7368)
+            # cancelled: a Triton before 2.54 may crash on a cancelled request (support.cancels_safely)
             counting[0] = False
             out.unanswered = sent_in_window - len(out.samples)  # only the window's are sampled
         else:
