@@ -118,10 +118,13 @@ def run_pa(url: str, model: str, load: Load, classes: list[RequestClass] | None 
                 shm = ["--shared-memory", "system", "--output-shared-memory-size",
                        str(_output_bytes(client, model, samples, cls.batch, sampler.batched))]
             try:
-                return _measure(pa, args + shm, client, model, load, cls, Path(tmp) / "export.fifo")
+                out = _measure(pa, args + shm, client, model, load, cls, Path(tmp) / "export.fifo")
             except PerfAnalyzerLostExport as e:
                 log(f"{e}; measuring the run again")
-                return _measure(pa, args + shm, client, model, load, cls, Path(tmp) / "export.fifo")
+                out = _measure(pa, args + shm, client, model, load, cls, Path(tmp) / "export.fifo")
+        # perf_analyzer cycles through the samples: their padding is what it sent, near enough
+        out.real_elements, out.sent_elements = sampler.real_elements, sampler.sent_elements
+        return out
 
 
 def _arguments(model: str, url: str, load: Load, cls: RequestClass, samples: list[dict[str, np.ndarray]],

@@ -80,3 +80,42 @@ def test_padding_to_buckets_lets_the_batcher_fill_batches(lines):
     (plain_batch, plain_waste), (padded_batch, padded_waste) = figures["plain"], figures["padded"]
     assert plain_waste == 1.0 and 1.1 < padded_waste < 2.0, figures  # uniform lengths, edges 64/160/320
     assert plain_batch < 1.15 and padded_batch > 1.25 * plain_batch, figures
+
+
+def test_the_tuner_screens_bucket_edges_side_by_side_on_the_served_model(lines):
+    """The tune's edges stage on the real server: each bucket count's least-padding edges, and the
+    edges the spec has, measured in the same minutes. Every trial pads as its edges say (its
+    measured waste is what the distribution predicts), and what the stage keeps is one it measured."""
+    from tritonkit.configs.loader import load_spec
+    from tritonkit.tuner.apply import Served
+    from tritonkit.tuner.buckets import length_weights, padded_rule, padding_waste
+    from tritonkit.tuner.knobs import from_spec
+    from tritonkit.tuner.objective import Objective
+    from tritonkit.tuner.offline import Search
+    from tritonkit.tuner.run import bucket_edge_sets
+    from tritonkit.tuner.trials import Trials, TrialWindow
+
+    spec = load_spec(lines.root / "deploy.yaml", lines.root / "repo")
+    sets = bucket_edge_sets(spec, "padded", None, print)
+    assert len(sets) >= 4 and () in sets
+    sets = [s for s in sets if len(s) in (0, 2)]  # one bucket and three: two rounds of three configs
+    objective = Objective(200.0, margin=0.0, rps=150.0)  # the lowest P95 at one rate: rounds of one run each
+    window = TrialWindow(warmup_s=0.3, duration_s=1.0, drain_s=0.5, max_s=1.0, engine="asyncio")
+    trials = Trials(Served(lines), spec, lines.root / "repo", "padded", slo=objective, window=window, log=print)
+    search = Search(trials, objective, 8, 100, print, edge_sets=sets)
+    try:
+        start = search.evaluate(from_spec(spec.model("padded")), "baseline")
+        search.max_trials = len(trials.trials) + search.reserved + 2 * (len(sets) + 1) + search.rules.runs
+        best, screened = search._bucketed(start)
+    finally:
+        trials.live.apply(spec)  # the module's other tests find the spec's config served
+    runs = [t for t in trials.trials if t.phase == "edges"]
+    seen = {tuple(t.knobs.get("bucket_edges", [64, 160])) for t in runs}
+    assert seen == {(64, 160), *sets}, seen  # every set measured, the spec's own beside them
+    assert best.knobs in screened and best.knobs.edges in (None, *sets)
+    rule = next(r for r in lines.client().metadata("padded").rules if r.name == "line")
+    weights = length_weights(padded_rule([rule]))
+    for t in runs:
+        edges = t.knobs.get("bucket_edges", [64, 160])
+        expected = padding_waste(weights, tuple(sorted({*edges, 320})))
+        assert t.padding_waste == pytest.approx(expected, abs=0.1 + 0.15 * expected), (edges, t.padding_waste)

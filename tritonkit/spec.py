@@ -27,7 +27,8 @@ DType = Literal[
 Runtime = Literal["auto", "tensorrt", "onnxruntime", "python-onnxruntime"]
 # Written by `tritonkit tune` beside deploy.yaml; overrides these keys of the models it names.
 TUNED_FILE = "tuned.yaml"
-TUNED_KEYS = ("max_batch_size", "batching", "instances", "admission")
+TUNED_KEYS = ("max_batch_size", "batching", "instances", "admission", "build")
+TUNED_BUILD_KEYS = ("bucket_edges",)  # of `build`, what a tune chooses
 # Set to a file path, every parse appends one line to it (the parse-count test reads it).
 TRACE_ENV = "TRITONKIT_TRACE_PARSES"
 
@@ -440,6 +441,9 @@ def _apply_tuned(raw: dict, tuned: Path) -> None:
             problems.append(Problem(file, f"models.{name}", "no model of that name in the spec", fix))
         elif not isinstance(keys, dict) or set(keys) - set(TUNED_KEYS):
             problems.append(Problem(file, f"models.{name}", f"only {', '.join(TUNED_KEYS)} can be tuned", fix))
+        elif not isinstance(keys.get("build", {}), dict) or set(keys.get("build", {})) - set(TUNED_BUILD_KEYS):
+            problems.append(Problem(file, f"models.{name}.build",
+                                    f"only build.{', build.'.join(TUNED_BUILD_KEYS)} can be tuned", fix))
         else:
             model = by_name[name]
             for key, value in keys.items():

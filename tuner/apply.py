@@ -50,6 +50,10 @@ class Served:
     def __init__(self, r: Running):
         self.r = r
 
+    @property
+    def url(self) -> str:
+        return self.r.endpoints.grpc
+
     def alive(self, grace_s: float = 0.0) -> bool:
         return self.r.server.alive(grace_s)
 

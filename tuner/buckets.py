@@ -17,6 +17,7 @@ from tritonkit.input_rules import InputRule
 from tritonkit.inputs import draw_length
 
 TIE = 0.05  # claims within 5% of the best are a tie on this box: the fewer buckets win
+COUNTS = (1, 2, 3, 4, 6)  # bucket counts a tune tries: more than six shapes split batches past use
 
 
 def length_weights(rule: InputRule, draws: int = 20000, seed: int = 0) -> dict[int, float]:
@@ -75,3 +76,18 @@ def choose(claims: dict[int, float]) -> int:
     top = max(claims.values())
     padded = [k for k, rate in claims.items() if k != NO_PADDING and rate >= (1 - TIE) * top]
     return min(padded) if padded else NO_PADDING
+
+
+def padded_rule(rules: list[InputRule]) -> InputRule | None:
+    """The input whose length decides a request's bucket: the first that pads and draws lengths."""
+    return next((r for r in rules if r.pad_to and r.lengths), None)
+
+
+def edge_sets(rules: list[InputRule], counts: tuple[int, ...] = COUNTS) -> list[tuple[int, ...]]:
+    """For each bucket count, the edges that waste least on the model's length distribution (the
+    last bucket pads to the max, so one bucket is `()`); none when no input pads by a distribution."""
+    rule = padded_rule(rules)
+    if rule is None:
+        return []
+    weights, top = length_weights(rule), max(rule.pad_to)
+    return list(dict.fromkeys(best_edges(weights, k, top) for k in counts))

@@ -31,6 +31,11 @@ class Knobs:
     level_queues: tuple[tuple[int, QueuePolicy], ...] = ()
     # None: the tuner's rule below; the sweep keeps the spec's sizes that fit the max batch
     preferred_sizes: tuple[int, ...] | None = None
+    # The length-bucket edges requests are padded up to (`build.bucket_edges`; () pads every request
+    # to the max): None keeps the spec's. Padding happens where requests are made, so an edge set is
+    # put in force by the config's input rules alone; a TensorRT engine wants a rebuild to get one
+    # profile per edge.
+    edges: tuple[int, ...] | None = None
 
     @property
     def preferred(self) -> list[int]:
@@ -53,9 +58,16 @@ class Knobs:
             return f"no batch axis x{self.instances}"
         q = f" queue {_queue_label(self.queue)}" if self.queue else ""
         q += "".join(f" p{lv} {_queue_label(p)}" for lv, p in self.level_queues)
-        return f"batch {self.max_batch:>2} delay {self.delay_us:>5} us x{self.instances}{q}"
+        return f"batch {self.max_batch:>2} delay {self.delay_us:>5} us x{self.instances}{q}{self._edges_label()}"
+
+    def _edges_label(self) -> str:
+        if self.edges is None:
+            return ""
+        return f" pad {'/'.join(map(str, self.edges))}/max" if self.edges else " pad max"
 
     def model(self, m: ModelSpec) -> ModelSpec:
+        if self.edges is not None:
+            m = m.model_copy(update={"build": m.build.model_copy(update={"bucket_edges": list(self.edges)})})
         instances = m.instances.model_copy(update={"count": self.instances})
         if not self.batching:
             return m.model_copy(update={"instances": instances})
@@ -74,6 +86,8 @@ class Knobs:
             out["default_queue_policy"] = self.queue.model_dump()
         if self.level_queues:
             out["priority_queue_policies"] = {lv: p.model_dump() for lv, p in self.level_queues}
+        if self.edges is not None:
+            out["bucket_edges"] = list(self.edges)
         return out
 
 

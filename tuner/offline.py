@@ -54,9 +54,10 @@ class Search(Rates):
 
     def __init__(self, trials: Trials, objective: Objective, bound: int, max_trials: int,
                  log: Callable[[str], None], traits: ServerTraits | None = None, rules: Rules = RULES,
-                 most_instances: int | None = None):
+                 most_instances: int | None = None, edge_sets: list[tuple[int, ...]] = ()):
         super().__init__(trials, objective, max_trials, log, rules)
         self.bound = bound
+        self.edge_sets = edge_sets  # the bucket edges to screen (tuner/buckets.py); none: not a knob here
         # instances per group at most: this machine's cores for the kit's own server
         self.most_instances = most_instances or max_instances()
         self.traits = traits  # what `tritonkit probe` found the server does with a bounded queue
@@ -99,6 +100,9 @@ class Search(Rates):
             incumbent, tried = self._screened(baseline, space, blind)
         else:
             incumbent, tried = self._started(baseline, space)
+        if self.edge_sets:
+            incumbent, bucketed = self._bucketed(incumbent)
+            tried += bucketed
         log("== hill climbing")
         skipped: set[Knobs] = set()
 
@@ -162,22 +166,33 @@ class Search(Rates):
                 candidates.append(k)
         if start not in candidates:
             candidates.insert(0, start)
+        why = f" (the cost model cannot predict: {blind})" if blind else ""
+        return self._halved(baseline, candidates, "screen", why)
+
+    def _first_rung(self, inc: Score) -> float:
+        """Where a side-by-side screen against `inc` starts: the target rate, else the rung `inc`
+        missed (below the lowest it missed when it held none)."""
         if self.obj.rps:
-            rate = self.obj.rps
-        elif baseline.passed:
-            rate = baseline.rate * self.rules.rate_step  # the rung the start missed
-        else:
-            tried = [t.rate for t in self.t.trials if t.label == start.label() and t.rate]
-            rate = min(tried, default=100.0) / self.rules.rate_step  # below the lowest it missed
-        self.log(f"== screen: {len(candidates)} configs side by side at {rate:.0f} req/s"
-                 + ("" if self.obj.rps else ", the rate two rungs higher each round")
-                 + (f" (the cost model cannot predict: {blind})" if blind else ""))
+            return self.obj.rps
+        if inc.passed:
+            return inc.rate * self.rules.rate_step
+        tried = [t.rate for t in self.t.trials if t.label == inc.knobs.label() and t.rate]
+        return min(tried, default=100.0) / self.rules.rate_step
+
+    def _halved(self, inc: Score, candidates: list[Knobs], phase: str, why: str = "") -> tuple[Score, list[Knobs]]:
+        """`candidates` (`inc`'s knobs among them) screened side by side (tuner/screen.py); the
+        finalist that held the highest rate walks to its edge. Returns the incumbent after it and
+        every config screened (the climb proposes none of them again)."""
+        start = inc.knobs
+        rate = self._first_rung(inc)
+        self.log(f"== {phase}: {len(candidates)} configs side by side at {rate:.0f} req/s"
+                 + ("" if self.obj.rps else ", the rate two rungs higher each round") + why)
         h = Halving(candidates, rate, fixed_rate=bool(self.obj.rps), rules=self.rules)
         runs: dict[tuple[Knobs, float], list[Trial]] = {}
 
         def measure(c: tuple[Knobs, float]) -> Seen:
             k, r = c
-            t = self.measure(k, r, "screen", self.rules.screen_share)
+            t = self.measure(k, r, phase, self.rules.screen_share)
             runs.setdefault(c, []).append(t)
             self.log(f"    {k.label()} at {r:.0f} req/s: P95 {'-' if t.p95_ms is None else f'{t.p95_ms:.1f}'} ms"
                      f"{'' if t.passed else ', missed'}")
@@ -189,7 +204,7 @@ class Search(Rates):
         # incumbent wherever it turns out to hold (its own walk, down from a slower minute if need
         # be), and the confirmation runs the start beside it again. Only a finalist that holds
         # nothing leaves the place to the next.
-        best = baseline
+        best = inc
         for f in h.finalists:
             if f.knobs == start:
                 break  # the start ranked above the rest, side by side: nothing screened beat it
@@ -206,6 +221,19 @@ class Search(Rates):
                           for f in h.finalists)
         self.log(f"  finalists: {names}; incumbent {best.knobs.label()}")
         return best, [k for k, _ in runs]
+
+    def _bucketed(self, inc: Score) -> tuple[Score, list[Knobs]]:
+        """The length-bucket edges for the incumbent's batching (`edge_sets`: the least padding for
+        each bucket count), screened side by side with the edges it has now, when the budget leaves a
+        round of them and the verdict after it."""
+        candidates = [inc.knobs, *(replace(inc.knobs, edges=e) for e in self.edge_sets)]
+        candidates = list(dict.fromkeys(candidates))
+        if len(candidates) < 2 or not inc.knobs.batching:
+            return inc, []
+        if self.budget_left < len(candidates) + self.rules.runs:
+            self.log(f"== bucket edges: not tuned, {self.budget_left} trials left for {len(candidates)} edge sets")
+            return inc, []
+        return self._halved(inc, candidates, "edges", " (requests padded up to each set's edges)")
 
     def speed_check(self, tuning: Tuning) -> None:
         """Run the last calibration point again, if a trial is left, and record how the compute

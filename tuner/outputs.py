@@ -26,7 +26,7 @@ from tritonkit.tuner.trials import Trial
 
 CSV_KEYS = ("n", "phase", "label", "rate", "requests", "ok_rps", "p50_ms", "p95_ms", "p99_ms", "error_ratio",
             "mean_batch", "passed", "seconds", "note", "client_p95_ms", "server_ms", "overhead_ms", "stalled_ms",
-            "generator_limited")
+            "generator_limited", "padding_waste")
 
 
 def _score(s: Score) -> dict:
@@ -103,6 +103,9 @@ def write_tuned(spec: Spec, model: str, k: Knobs, about: dict, in_flight: int | 
                 "priority_queue_policies": {lv: q.model_dump() for lv, q in sorted(k.level_queues)}}
     entry = {"max_batch_size": k.max_batch, "batching": batching, "instances": {"count": k.instances}}
     entry = entry if k.batching else {"instances": entry["instances"]}
+    if k.edges is not None:
+        # one TensorRT profile per edge once `tritonkit build` runs again; the clients pad to them now
+        entry["build"] = {"bucket_edges": list(k.edges)}
     if in_flight is not None:
         entry["admission"] = {"max_in_flight": in_flight}
     data["models"][model] = entry

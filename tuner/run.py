@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritonkit.build_engines.plan import serving_max_batch
-from tritonkit.configs.generate import generate
+from tritonkit.configs.generate import generate, input_rules, resolve
 from tritonkit.loadtests.server_probe import probe_once
 from tritonkit.spec import Spec
 from tritonkit.tuner import outputs, remote
 from tritonkit.tuner.apply import LiveConfig
+from tritonkit.tuner.buckets import edge_sets
 from tritonkit.tuner.knobs import Knobs, from_spec
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.objective import Objective, Tuning
@@ -75,7 +76,8 @@ def tune_offline(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir: P
                      "backend": remote.backend_of(c.config(model))}
         tuning = None
         try:
-            search = Search(trials, objective, bound, max_trials, log, traits, rules)
+            search = Search(trials, objective, bound, max_trials, log, traits, rules,
+                            edge_sets=bucket_edge_sets(spec, model, input_data, log))
             tuning = _searched(search, from_spec(spec.model(model)))
         finally:
             # Whatever happened, the repository holds the pre-tuning config until the winner is chosen.
@@ -107,6 +109,8 @@ def tune_remote(spec: Spec, model: str, url: str, out_dir: Path, *, headers: dic
         bound, why = remote.batch_bound(spec, served, repo, max_batch)
         log(f"  start: {start.label()} (as served); max batch at most {bound} ({why}); "
             f"at most {rules.remote_instances} instances per group")
+        if spec.model(model).padding is not None:
+            log("  bucket edges: not tuned through --url; the kit's own server tunes them (tune without --url)")
         spec = start.apply(spec, model)  # what the search reads of the model: as served
         live = LiveConfig(server, spec, repo, model, log, target=remote.ThroughApi(server, served))
         trials = Trials(server, spec, repo, model, slo=objective,
@@ -124,6 +128,22 @@ def tune_remote(spec: Spec, model: str, url: str, out_dir: Path, *, headers: dic
                 outputs.write_log(out_dir, outputs.partial_log(model, trials.trials, about))
     files = _write(spec, model, tuning, trials, out_dir, time.perf_counter() - t0, about, write_decision)
     return TuneResult(tuning, trials, files, time.perf_counter() - t0)
+
+
+def bucket_edge_sets(spec: Spec, model: str, input_data: Path | None, log: Callable[[str], None]
+                     ) -> list[tuple[int, ...]]:
+    """The edge sets a tune screens: where the model pads requests drawn from a length distribution
+    (tuner/buckets.py). Real request data brings its own lengths, which no distribution describes."""
+    m = spec.model(model)
+    if m.padding is None:
+        return []
+    if input_data is not None:
+        log("  bucket edges: not tuned, the trials send real request data (--input-data) as it is padded")
+        return []
+    sets = edge_sets(input_rules(resolve(spec, m)))
+    if not sets:
+        log("  bucket edges: not tuned, no padded input has a length distribution (inputs[].lengths)")
+    return sets
 
 
 def _searched(search: Search, start: Knobs) -> Tuning:
