@@ -95,7 +95,7 @@ def run_model_analyzer(spec: Spec, model: str, work: Path, *, p95_ms: float, max
             pa = pa_install.find(c.server_version(), log=log)
             meta = c.metadata(model)
             sampler = meta.sampler(None, 0)
-            samples = [sample_json(sampler(1), sampler.batched) for _ in range(INPUT_SAMPLES if sampler.varies else 1)]
+            samples = [sample_json(x, sampler.batched) for x in sampler.spread(INPUT_SAMPLES if sampler.varies else 1)]
             c.unload(model)
         data = work / "input_data.json"
         data.write_text(json.dumps({"data": samples}))

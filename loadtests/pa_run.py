@@ -110,7 +110,7 @@ def run_pa(url: str, model: str, load: Load, classes: list[RequestClass] | None 
         pa = pa_install.find(client.server_version(), log=log)
         sampler = meta.sampler(input_data, seed)
         count = len(sampler.samples) if sampler.samples else GENERATED_SAMPLES if sampler.varies else 1
-        samples = [sampler(1) for _ in range(count)]
+        samples = sampler.spread(count)
         with tempfile.TemporaryDirectory(prefix="tritonkit-pa-") as tmp:
             args = _arguments(model, url, load, cls, samples, sampler.batched, Path(tmp), seed)
             shm = []

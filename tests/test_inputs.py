@@ -108,3 +108,18 @@ def test_padding_sends_the_bucket_edge_and_counts_its_waste():
     plain = InputRule(**{**LINE.__dict__, "lengths": ("uniform", 32, 320)})
     unpadded = Sampler([plain], True, rng=np.random.default_rng(2))
     assert len({unpadded(1)["line"].shape for _ in range(100)}) > 20  # without padding: a shape per length
+
+
+@pytest.mark.parametrize("dist", ["uniform", "loguniform"])
+def test_a_few_payloads_stand_for_the_length_distribution(dist):
+    """perf_analyzer cycles through sixteen payloads: at the distribution's quantiles, their mean
+    length is the distribution's to within a few percent, and each is a length the rule allows."""
+    rule = InputRule("line", "FP32", (3, 48, -1), min=(3, 48, 32), max=(3, 48, 320), stride=8,
+                     lengths=(dist, 32, 320))
+    rng = np.random.default_rng(1)
+    mean = np.mean([draw_length(rule, rng) for _ in range(50000)])
+    for seed in range(5):
+        payloads = Sampler([rule], True, rng=np.random.default_rng(seed)).spread(16)
+        widths = [p["line"].shape[-1] for p in payloads]
+        assert all(w % 8 == 0 and 32 <= w <= 320 for w in widths) and len(set(widths)) >= 8
+        assert np.mean(widths) == pytest.approx(mean, rel=0.04), (seed, widths)

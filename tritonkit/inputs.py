@@ -72,11 +72,22 @@ class Sampler:
     def _draw(self, rule: InputRule, shape: tuple[int, ...]) -> np.ndarray:
         return draw(rule, shape, self.rng)
 
-    def __call__(self, batch: int = 1) -> dict[str, np.ndarray]:
+    def spread(self, count: int) -> list[dict[str, np.ndarray]]:
+        """`count` requests of one sample that stand for the traffic as a set (a client that cycles
+        through a few payloads, perf_analyzer's): where lengths vary, one at each of `count`
+        quantiles of their distribution. Sixteen lengths drawn at random miss its mean by a fifth
+        often enough to mislead a measurement of the padding or of the compute."""
+        rule = next((r for r in self.rules if r.lengths), None)
+        if rule is None or self.samples:
+            return [self(1) for _ in range(count)]
+        return [self(1, n) for n in spread_lengths(rule, count, self.rng)]
+
+    def __call__(self, batch: int = 1, length: int | None = None) -> dict[str, np.ndarray]:
+        """`length`: of the dynamic dims of the inputs with `lengths` (default: one drawn)."""
         if self.samples:
             return self._real(batch)
         out = {}
-        length = self.length()
+        length = self.length() if length is None else length
         shapes = {r.name: self.shape(r, length) for r in self.rules}
         lead = (batch,) if self.batched else ()
         for r in self.rules:
@@ -147,6 +158,14 @@ def draw_length(rule: InputRule, rng: np.random.Generator) -> int:
         return int(grid[int(rng.integers(len(grid)))])
     n = float(np.exp(rng.uniform(np.log(low), np.log(high + 1))))  # log-uniform: short ones common
     return int(grid[min(int(np.searchsorted(grid, n)), len(grid) - 1)])
+
+
+def spread_lengths(rule: InputRule, count: int, rng: np.random.Generator, draws: int = 4096) -> list[int]:
+    """`count` lengths at the quantiles (i + 0.5) / count of the rule's distribution, shuffled."""
+    drawn = np.sort([draw_length(rule, rng) for _ in range(draws)])
+    picks = [int(drawn[int((i + 0.5) / count * draws)]) for i in range(count)]
+    rng.shuffle(picks)
+    return picks
 
 
 def pad(rule: InputRule, a: np.ndarray, lead: int = 1) -> np.ndarray:

@@ -211,7 +211,8 @@ def register(sub) -> None:
     sp.add_argument("--rps", type=float, help="offline: the lowest P95 at this rate (default: the highest rate "
                                               "that meets the SLO)")
     sp.add_argument("--max-trials", type=int, help=f"offline: measurement runs at most (default "
-                                                   f"{TuneSettings.max_trials})")
+                                                   f"{TuneSettings.max_trials}; a model whose bucket edges "
+                                                   "are tuned gets two more per edge set and three)")
     sp.add_argument("--max-errors", type=float, help=f"offline: error ratio a trial may have (default "
                                                      f"{TuneSettings.max_errors})")
     sp.add_argument("--max-batch", type=int, help="offline: the largest max batch to try (default: the spec's; "

@@ -10,6 +10,9 @@ every decision taken against the run-to-run noise of the machine at hand (tuner/
    every config runs side by side, the start among them, at the rung the start missed, and the
    field narrows round by round at rates two rungs higher; the finalist that held the highest
    rate walks to its edge. A larger space starts from the config the cost model ranks best.
+   Where the model pads lengths drawn from a distribution, the bucket edges are screened the same
+   way next, with that batching: one least-padding edge set per bucket count (tuner/buckets.py)
+   beside the spec's own.
 4. Hill climbing: one knob at a time (batch x2 or /2, delay one rung up or one or two down the
    ladder, one instance more or less), best-predicted first, none the screen measured. For the
    lowest P95 at a rate, a neighbour is screened by one run at the incumbent's rate; one that is
@@ -58,6 +61,9 @@ class Search(Rates):
         super().__init__(trials, objective, max_trials, log, rules)
         self.bound = bound
         self.edge_sets = edge_sets  # the bucket edges to screen (tuner/buckets.py); none: not a knob here
+        # their own trials, beyond the budget: kept from the screen until their stage starts
+        self.edges_share = self.edges_budget(len(edge_sets), rules)
+        self.max_trials += self.edges_share
         # instances per group at most: this machine's cores for the kit's own server
         self.most_instances = most_instances or max_instances()
         self.traits = traits  # what `tritonkit probe` found the server does with a bounded queue
@@ -65,6 +71,15 @@ class Search(Rates):
         # clients, its most executed batch size, that size's mean compute ms)
         self.reference: tuple[Knobs, int, int, float] | None = None
         self.calibration: Calibration | None = None
+
+    @staticmethod
+    def edges_budget(sets: int, rules: Rules = RULES) -> int:
+        """Trials for the edges stage: two rounds of every set and the spec's own, and a verdict."""
+        return 2 * (sets + 1) + rules.runs if sets else 0
+
+    @property
+    def reserved(self) -> int:
+        return super().reserved + self.edges_share
 
     def stalls(self, k: Knobs) -> str | None:
         """Why this candidate would stall the server's batcher (tritonkit probe), or None."""
@@ -226,6 +241,7 @@ class Search(Rates):
         """The length-bucket edges for the incumbent's batching (`edge_sets`: the least padding for
         each bucket count), screened side by side with the edges it has now, when the budget leaves a
         round of them and the verdict after it."""
+        self.edges_share = 0  # this stage's trials are now the budget's to spend
         candidates = [inc.knobs, *(replace(inc.knobs, edges=e) for e in self.edge_sets)]
         candidates = list(dict.fromkeys(candidates))
         if len(candidates) < 2 or not inc.knobs.batching:
