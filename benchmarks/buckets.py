@@ -70,7 +70,7 @@ async def _at_rate(url: str, model: str, rate: float, seconds: float, seed: int)
     server = breakdown(out.stats_before, out.stats_after) if out.stats_before and out.stats_after else {}
     return {"rate": round(rate, 1), "p95_ms": f.p95_ms and round(f.p95_ms, 2), "error_ratio": round(f.error_ratio, 4),
             "mean_batch": server.get("mean_batch") and round(server["mean_batch"], 2),
-            "padding_waste": round(out.sent_elements / out.real_elements - 1, 3) if out.real_elements else None,
+            "padding_waste": out.padding_waste,
             "generator_limited": f.saturated}
 
 

@@ -192,6 +192,11 @@ class Outcome:
     # offer shows as a short run)
     generator_notes: list[str] = field(default_factory=list)
 
+    @property
+    def padding_waste(self) -> float | None:
+        """Padded elements over real ones (0: nothing padded); None where no input was counted."""
+        return round(self.sent_elements / self.real_elements - 1, 3) if self.real_elements else None
+
 
 @dataclass(frozen=True)
 class RunFigures:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tritonkit.files import write_bytes_atomic
+from tritonkit.input_rules import edges_text
 from tritonkit.plots import pyplot
 from tritonkit.slo import ERROR_BOUND, meets
 
@@ -38,8 +39,13 @@ def _error_rate_ok(row: Row) -> bool:
     return requests > 0 and error_count(row) <= MAX_ERROR_RATE * requests
 
 
+def _padding(row: Row) -> str:
+    """A row that swept bucket edges: what its requests were padded to."""
+    return "" if row.get("bucket_edges") is None else f", padded to {edges_text(row['bucket_edges'])}"
+
+
 def _setting(row: Row) -> str:
-    return f"max batch size {row['max_batch_size']} with a {row['max_queue_delay_us']} µs queue delay"
+    return f"max batch size {row['max_batch_size']} with a {row['max_queue_delay_us']} µs queue delay{_padding(row)}"
 
 
 def recommend(rows: Sequence[Row], slo_p95_ms: float | None, max_rss_mb: float | None = None,
@@ -147,6 +153,8 @@ def sweep_json(rows: Sequence[Row], recommended: Row | None, reason: str, slo_p9
     rec = {"row": index, "reason": reason,
            "max_batch_size": recommended["max_batch_size"] if recommended else None,
            "max_queue_delay_us": recommended["max_queue_delay_us"] if recommended else None}
+    if any("bucket_edges" in r for r in rows):
+        rec["bucket_edges"] = recommended["bucket_edges"] if recommended else None
     doc = {"rows": list(rows), "recommendation": rec, "slo_p95_ms": slo_p95_ms,
            "max_rss_mb": max_rss_mb, "headroom": headroom}
     return json.dumps(_json_safe(doc), indent=2, allow_nan=False) + "\n"
@@ -178,13 +186,20 @@ TABLE_COLUMNS = (  # (header, how to show a row)
     ("server infer (ms)", lambda r: _num((r.get("server") or {}).get("compute_infer_ms"), 2)),
     ("client overhead (ms)", lambda r: _num(r.get("client_overhead_ms"), 2)),
 )
+PADDING_COLUMNS = (  # where the sweep padded to bucket edges
+    ("padded to", lambda r: edges_text(r["bucket_edges"])),
+    ("padding waste", lambda r: _num(r.get("padding_waste"), 2)),
+)
 RECOMMENDED_MARK = "**→ recommended**"
 
 
 def markdown_table(rows: Sequence[Row], recommended: Row | None) -> str:
-    lines = ["| " + " | ".join(h for h, _ in TABLE_COLUMNS) + " |", "|" + " --- |" * len(TABLE_COLUMNS)]
+    columns = TABLE_COLUMNS
+    if any("bucket_edges" in r for r in rows):
+        columns = (*TABLE_COLUMNS[:3], *PADDING_COLUMNS, *TABLE_COLUMNS[3:])
+    lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + " --- |" * len(columns)]
     for r in rows:
-        cells = [show(r) for _, show in TABLE_COLUMNS]
+        cells = [show(r) for _, show in columns]
         cells[0] = RECOMMENDED_MARK if r is recommended else ""
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -208,15 +223,27 @@ def report_markdown(rows: Sequence[Row], recommended: Row | None, reason: str, t
 # ---------------------------------------------------------------- plots
 
 
-def _by_delay(rows: Iterable[Row]) -> dict[int, list[Row]]:
-    groups: dict[int, list[Row]] = {}
-    for r in sorted(rows, key=lambda r: (r["max_queue_delay_us"], r["max_batch_size"])):
-        groups.setdefault(r["max_queue_delay_us"], []).append(r)
+def _order(r: Row) -> tuple:
+    edges = r.get("bucket_edges") or []
+    return len(edges), edges, r["max_queue_delay_us"], r["max_batch_size"]
+
+
+def _series(r: Row) -> str:
+    """A line in the plots: one queue delay (and, swept, one padding), over the batch sizes."""
+    pad = "" if r.get("bucket_edges") is None else f", pad {edges_text(r['bucket_edges'])}"
+    return f"queue delay {r['max_queue_delay_us']} µs{pad}"
+
+
+def _by_series(rows: Iterable[Row]) -> dict[str, list[Row]]:
+    groups: dict[str, list[Row]] = {}
+    for r in sorted(rows, key=_order):
+        groups.setdefault(_series(r), []).append(r)
     return groups
 
 
 def _row_label(r: Row) -> str:
-    return f"B={r['max_batch_size']}\n{r['max_queue_delay_us']} µs"
+    pad = "" if r.get("bucket_edges") is None else f"\npad {edges_text(r['bucket_edges'])}"
+    return f"B={r['max_batch_size']}\n{r['max_queue_delay_us']} µs{pad}"
 
 
 def _log2_batch_axis(ax, rows: Sequence[Row]) -> None:
@@ -242,13 +269,14 @@ def _png(fig) -> bytes:
 
 def plot_throughput(rows: Sequence[Row], recommended: Row | None, title: str) -> bytes:
     fig, ax = pyplot().subplots(figsize=(8, 5))
-    for delay, group in _by_delay(rows).items():
+    for series, group in _by_series(rows).items():
         ax.plot([r["max_batch_size"] for r in group], [r["throughput_rps"] for r in group], marker="o",
-                label=f"queue delay {delay} µs")
+                label=series)
     if recommended is not None:
         ax.plot(recommended["max_batch_size"], recommended["throughput_rps"], marker="*", markersize=18,
                 color="crimson", linestyle="none", zorder=5,
-                label=f"recommended: B={recommended['max_batch_size']}, {recommended['max_queue_delay_us']} µs")
+                label=f"recommended: B={recommended['max_batch_size']}, {recommended['max_queue_delay_us']} µs"
+                      f"{_padding(recommended)}")
     _log2_batch_axis(ax, rows)
     ax.set_ylabel("throughput (requests/s)")
     ax.set_ylim(bottom=0)
@@ -260,12 +288,12 @@ def plot_throughput(rows: Sequence[Row], recommended: Row | None, title: str) ->
 def plot_latency(rows: Sequence[Row], recommended: Row | None, slo_p95_ms: float | None, title: str) -> bytes:
     fig, ax = pyplot().subplots(figsize=(8, 5))
     colors = pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (delay, group) in enumerate(_by_delay(rows).items()):
+    for i, (series, group) in enumerate(_by_series(rows).items()):
         sizes = [r["max_batch_size"] for r in group]
         color = colors[i % len(colors)]
-        ax.plot(sizes, [r["p95_ms"] for r in group], marker="o", color=color, label=f"P95, queue delay {delay} µs")
+        ax.plot(sizes, [r["p95_ms"] for r in group], marker="o", color=color, label=f"P95, {series}")
         ax.plot(sizes, [r["p99_ms"] for r in group], marker="s", linestyle=":", color=color,
-                label=f"P99, queue delay {delay} µs")
+                label=f"P99, {series}")
     if slo_p95_ms is not None:
         ax.axhline(slo_p95_ms, color="crimson", linestyle="--", label=f"P95 SLO {slo_p95_ms:g} ms")
     if recommended is not None:
@@ -280,7 +308,7 @@ def plot_latency(rows: Sequence[Row], recommended: Row | None, slo_p95_ms: float
 
 
 def plot_decomposition(rows: Sequence[Row], title: str) -> bytes:
-    ordered = sorted(rows, key=lambda r: (r["max_queue_delay_us"], r["max_batch_size"]))
+    ordered = sorted(rows, key=_order)
     parts = [(p.removesuffix("_ms").replace("_", " "), lambda r, p=p: (r.get("server") or {}).get(p))
              for p in SERVER_PARTS]
     parts.append(("client overhead", lambda r: r.get("client_overhead_ms")))
@@ -310,7 +338,7 @@ def _finite_or_zero(value: float | None) -> float:
 
 
 def plot_batch_histograms(rows: Sequence[Row], recommended: Row | None, title: str) -> bytes:
-    ordered = sorted(rows, key=lambda r: (r["max_queue_delay_us"], r["max_batch_size"]))
+    ordered = sorted(rows, key=_order)
     ncols = min(4, len(ordered))
     nrows = math.ceil(len(ordered) / ncols)
     # Constrained layout leaves room for the suptitle, which tight_layout lets overlap the first row.
@@ -339,7 +367,8 @@ def _histogram_panel(ax, row: Row, is_recommended: bool) -> None:
         ax.set_xticks([])
         ax.set_yticks([])
     mark = " (recommended)" if is_recommended else ""
-    ax.set_title(f"max batch {row['max_batch_size']}, {row['max_queue_delay_us']} µs{mark}", fontsize="medium",
+    ax.set_title(f"max batch {row['max_batch_size']}, {row['max_queue_delay_us']} µs{_padding(row)}{mark}",
+                 fontsize="medium",
                  color="crimson" if mark else "black")
     ax.tick_params(labelsize="small")
 

@@ -51,6 +51,7 @@ def build_result(model: str, load: Load, classes: list[RequestClass], out: Outco
         "server_summary_us": quantiles or {},
         # What the client saw minus what Triton measured: network, (de)serialisation, client.
         "client_overhead_ms": client_overhead,
+        "padding_waste": out.padding_waste,
         "generator": generator_health(load, out),
         "timeline": timeline(out, load),
         "error_examples": out.error_examples,

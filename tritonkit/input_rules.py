@@ -95,3 +95,8 @@ class InputRule:
 
 def rules_parameter(rules: list[InputRule]) -> str:
     return json.dumps([r.to_json() for r in rules], separators=(",", ":"))
+
+
+def edges_text(edges: tuple[int, ...] | list[int]) -> str:
+    """Bucket edges as reports show them: the last bucket pads to the max."""
+    return "/".join([*map(str, edges), "max"])

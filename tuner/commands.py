@@ -9,12 +9,15 @@ import signal
 from pathlib import Path
 
 from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, say, spec_arg
+from tritonkit.configs.generate import input_rules, resolve
 from tritonkit.configs.loader import load_spec
 from tritonkit.configs.steps import serve_configured
-from tritonkit.errors import InputError, flag_problem
+from tritonkit.errors import InputError, flag_problem, input_error
+from tritonkit.input_rules import edges_text
 from tritonkit.loadtests.commands import FREE_PORTS, load_args, load_from
 from tritonkit.server import read_state
-from tritonkit.spec import TUNED_FILE, parse_spec
+from tritonkit.spec import TUNED_FILE, Spec, parse_spec
+from tritonkit.tuner.buckets import edge_sets
 from tritonkit.tuner.knobs import powers_of_two
 from tritonkit.tuner.mix import format_mix, tune_mix
 from tritonkit.tuner.online import OnlineSettings, run_online
@@ -32,6 +35,9 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         if a.max_rss_mb is not None:
             raise InputError([flag_problem("--max-rss-mb", "a running server's memory is not this machine's to "
                                                            "read: drop it with --url")])
+        if a.buckets:
+            raise InputError([flag_problem("--buckets", "bucket edges are swept on the kit's own server: drop "
+                                                        "--url or --buckets")])
         spec = load_spec(a.spec, None, check_onnx=False)
         if spec.pipeline(a.model) is not None:
             raise InputError([flag_problem("--url", f"{a.model} is a pipeline: a pipeline's sweep runs on the "
@@ -48,12 +54,36 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         raise InputError([flag_problem("--in-place" if a.in_place else "--key-env",
                                        "applies to a sweep of a running server (--url): drop it")])
     spec = load_spec(a.spec, a.repo)
+    edges = _swept_edges(spec, a.model, a.buckets, a.input_data)
     with serve_configured(spec, a.repo, a.state_dir, models=[a.model], ports=FREE_PORTS, log=say) as r:
-        say(f"sweep over max batch sizes {sizes}: {load.describe()}")
+        say(f"sweep over max batch sizes {sizes}"
+            + (f" x padding to {', '.join(edges_text(e) for e in edges)}" if edges else "") + f": {load.describe()}")
         files = sweep(r, spec, a.repo, a.model, load, a.out, batch_sizes=sizes, delays_us=a.delay_us,
-                      input_data=a.input_data, max_rss_mb=a.max_rss_mb, log=say)
+                      input_data=a.input_data, max_rss_mb=a.max_rss_mb, edge_sets=edges, log=say)
     say(f"report: {files['report.md']}")
     return 0
+
+
+def _swept_edges(spec: Spec, model: str, counts: list[int] | None, input_data: Path | None
+                 ) -> list[tuple[int, ...]] | None:
+    """`--buckets`: for each count, the edges that pad least for the model's length distribution."""
+    if not counts:
+        return None
+    m = spec.model(model)
+    at = f"models[{spec.models.index(m)}]"
+    if bad := [n for n in counts if n < 1]:
+        raise InputError([flag_problem("--buckets", f"{bad[0]} buckets: give counts of at least 1, e.g. 1 3")])
+    if input_data is not None:
+        raise InputError([flag_problem("--buckets", "real request data (--input-data) brings its own lengths: "
+                                                    "drop one of the two")])
+    if m.padding is None:
+        raise input_error(spec.shown, f"{at}.padding", "missing: --buckets pads requests up to bucket edges",
+                          "add padding: {} to the model (with crop for outputs that follow the length)")
+    sets = edge_sets(input_rules(resolve(spec, m)), tuple(counts))
+    if not sets:
+        raise input_error(spec.shown, f"{at}.inputs", "no padded input draws its lengths from a distribution",
+                          "give the input lengths: {dist: uniform, low: ..., high: ...}")
+    return sets
 
 
 # The modes of `tritonkit tune`, and the flags that mean something in each: any other flag given is
@@ -188,6 +218,9 @@ def register(sub) -> None:
     load_args(sp, "out/sweep")
     sp.add_argument("--max-batch", type=int, default=MAX_BATCH)
     sp.add_argument("--delay-us", type=int, action="append", help="queue delays to sweep (repeatable)")
+    sp.add_argument("--buckets", type=int, nargs="+", metavar="N",
+                    help="for a model that pads (padding, inputs[].lengths): sweep each row padded to the "
+                         "least-padding edges of N buckets, for each N given (1: everything to the max)")
     sp.add_argument("--max-rss-mb", type=float, help="recommend only settings whose server peak RSS (stubs "
                                                      "included) stays under this, less 20%% headroom (local only)")
     sp.add_argument("--url", help="sweep a running Triton the kit did not start (gRPC HOST:PORT), through its "

@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from tritonkit.input_rules import edges_text
 from tritonkit.spec import ModelSpec, QueuePolicy, Spec
 from tritonkit.tuner.rules import RULES, Rules
 
@@ -61,9 +62,7 @@ class Knobs:
         return f"batch {self.max_batch:>2} delay {self.delay_us:>5} us x{self.instances}{q}{self._edges_label()}"
 
     def _edges_label(self) -> str:
-        if self.edges is None:
-            return ""
-        return f" pad {'/'.join(map(str, self.edges))}/max" if self.edges else " pad max"
+        return "" if self.edges is None else f" pad {edges_text(self.edges)}"
 
     def model(self, m: ModelSpec) -> ModelSpec:
         if self.edges is not None:

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 
 from tritonkit.errors import ServerError
+from tritonkit.input_rules import edges_text
 from tritonkit.loadtests.load import Load, RequestClass
 from tritonkit.loadtests.measure import measure_by, measure_grpc
 from tritonkit.loadtests.report import write_sweep_report
@@ -66,10 +68,13 @@ class PeakRss:
             self._thread.join()
 
 
-def row_from(result: dict, max_batch: int, delay_us: int, peak_mb: float | None) -> dict:
+def row_from(result: dict, max_batch: int, delay_us: int, peak_mb: float | None,
+             edges: tuple[int, ...] | None = None) -> dict:
+    """`edges`: the bucket edges the row's requests were padded to (None: the spec's, not swept)."""
     o, s = result["overall"], result["server"]
+    swept = {} if edges is None else {"bucket_edges": list(edges), "padding_waste": result.get("padding_waste")}
     return {
-        "max_batch_size": max_batch, "max_queue_delay_us": delay_us,
+        "max_batch_size": max_batch, "max_queue_delay_us": delay_us, **swept,
         "requests": o["requests"], "ok": o["ok"], "errors": o["errors"],
         "duration_s": result["load"]["duration_s"], "throughput_rps": o["throughput_rps"],
         **{k: o[k] for k in ("mean_ms", "p50_ms", "p95_ms", "p99_ms", "max_ms")},
@@ -85,16 +90,18 @@ def row_from(result: dict, max_batch: int, delay_us: int, peak_mb: float | None)
 def sweep(r: Running, spec: Spec, repo: Path, model: str, load: Load, out_dir: Path, *,
           batch_sizes: list[int] | None = None, delays_us: list[int] | None = None,
           classes: list[RequestClass] | None = None, input_data: Path | None = None,
-          max_rss_mb: float | None = None, log: Callable[[str], None] = print) -> dict[str, Path]:
+          max_rss_mb: float | None = None, edge_sets: list[tuple[int, ...]] | None = None,
+          log: Callable[[str], None] = print) -> dict[str, Path]:
     """`max_rss_mb`: the server's peak RSS a recommended setting may reach (the whole process, its
-    stubs included; not `memory_budget_mb`, which bounds the model's own memory in the plan)."""
+    stubs included; not `memory_budget_mb`, which bounds the model's own memory in the plan).
+    `edge_sets`: bucket edges to pad to (tuner/buckets.py), each row of the grid with each."""
     if spec.pipeline(model) is not None:
         return sweep_pipeline(r, spec, repo, model, load, out_dir, batch_sizes=batch_sizes, delays_us=delays_us,
                               classes=classes, input_data=input_data, log=log)
     live = LiveConfig(Served(r), spec, repo, model)  # last-known-good: the spec's own config
     return _sweep(live, spec, model, load, out_dir, url=r.endpoints.grpc, metrics=r.endpoints.metrics,
                   pid=r.server.proc.pid, batch_sizes=batch_sizes, delays_us=delays_us, classes=classes,
-                  input_data=input_data, max_rss_mb=max_rss_mb, log=log)
+                  input_data=input_data, max_rss_mb=max_rss_mb, edge_sets=edge_sets, log=log)
 
 
 def sweep_remote(url: str, spec: Spec, repo: Path | None, model: str, load: Load, out_dir: Path, *,
@@ -114,12 +121,14 @@ def sweep_remote(url: str, spec: Spec, repo: Path | None, model: str, load: Load
 def _sweep(live: LiveConfig, spec: Spec, model: str, load: Load, out_dir: Path, *, url: str, metrics: str | None,
            pid: int | None, batch_sizes: list[int] | None, delays_us: list[int] | None,
            classes: list[RequestClass] | None, input_data: Path | None, log: Callable[[str], None],
-           max_rss_mb: float | None = None) -> dict[str, Path]:
+           max_rss_mb: float | None = None, edge_sets: list[tuple[int, ...]] | None = None) -> dict[str, Path]:
     rows = []
     m = spec.model(model)
     preferred = m.batching.preferred_batch_sizes
     points = grid(batch_sizes or powers_of_two(MAX_BATCH), delays_us or [m.batching.max_queue_delay_us],
                   [m.instances.count], preferred_of=lambda b: [s for s in preferred if s <= b])
+    if edge_sets:  # edge set by edge set, the grid under each: a series per padding in the plots
+        points = [replace(k, edges=e) for e in edge_sets for k in points]
     try:
         for k in points:
             refused = live.apply_knobs(spec, k)
@@ -127,11 +136,12 @@ def _sweep(live: LiveConfig, spec: Spec, model: str, load: Load, out_dir: Path, 
                 raise ServerError(f"max_batch {k.max_batch}, delay {k.delay_us} us: {refused}")
             with PeakRss(pid) as rss:
                 result = measure_grpc(url, live.served_name, load, classes, metrics=metrics, input_data=input_data)
-            row = row_from(result, k.max_batch, k.delay_us, rss.peak_mb)
+            row = row_from(result, k.max_batch, k.delay_us, rss.peak_mb, k.edges)
             rows.append(row)
             note = "  (generator-limited)" if row["generator_warning"] else ""
             memory = f"  peak RSS {row['peak_rss_mb']:.0f} MB" if row["peak_rss_mb"] is not None else ""
-            log(f"  [{len(rows)}/{len(points)}] max_batch {k.max_batch:>2} delay {k.delay_us:>6} us: "
+            padded = "" if k.edges is None else f" pad {edges_text(k.edges)}"
+            log(f"  [{len(rows)}/{len(points)}] max_batch {k.max_batch:>2} delay {k.delay_us:>6} us{padded}: "
                 f"{row['throughput_rps']:7.1f} req/s  P95 {row['p95_ms']:7.2f} ms{memory}{note}")
     finally:
         live.reset()  # back to what the spec (or the server) had, verified

@@ -77,7 +77,7 @@ class Trial:
     errors: dict = field(default_factory=dict)
     engine: str = ""  # the client that measured it
     mean_batch: float | None = None
-    padding_waste: float | None = None  # padded elements over real ones, as sent (None: nothing padded)
+    padding_waste: float | None = None  # padded elements over real ones, as sent (0: nothing padded)
     passed: bool = False
     seconds: float = 0.0
     note: str = ""
@@ -181,7 +181,7 @@ class Trials:
         self.log(f"  trial {trial.n:>3} {phase:<10} {k.label()}  {load.describe():<44} {load.duration_s:4.1f} s "
                  f"{trial.ok_rps:7.0f} req/s  P95 {p95:>6} ms  err {100 * trial.error_ratio:4.1f}%  "
                  f"{'pass' if trial.passed else 'fail'}"
-                 f"{'' if trial.padding_waste is None else f'  padding {trial.padding_waste:.2f}'}"
+                 f"{f'  padding {trial.padding_waste:.2f}' if trial.padding_waste else ''}"
                  f"{'  (' + trial.note + ')' if trial.note else ''}")
         return trial
 
@@ -212,8 +212,7 @@ class Trials:
         t.errors = o["errors"]
         t.error_ratio = round(sum(o["errors"].values()) / o["requests"], 4) if o["requests"] else 1.0
         t.mean_batch = result["server"].get("mean_batch")
-        if out.real_elements and out.sent_elements != out.real_elements:
-            t.padding_waste = round(out.sent_elements / out.real_elements - 1, 3)
+        t.padding_waste = result["padding_waste"]
         gen = result["generator"]
         # A rate the generator failed to offer makes the trial meaningless; stalls that moved the
         # client's P95 by more than 10% are taken out, and both are said.
