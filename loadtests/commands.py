@@ -17,6 +17,7 @@ from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests import pa_install
 from tritonkit.loadtests.load import Load, RequestClass
 from tritonkit.loadtests.measure import measure_by
+from tritonkit.loadtests.pa_run import is_local
 from tritonkit.loadtests.results import error_share, format_result, format_router, write_result
 from tritonkit.loadtests.routed import measure_router, route_requests
 from tritonkit.loadtests.server_probe import probe
@@ -44,15 +45,18 @@ def cmd_loadtest(a: argparse.Namespace) -> int:
     steps = steps if spec.pipeline(a.model) else None
     if not 0 <= a.max_errors <= 1:
         raise InputError([flag_problem("--max-errors", "give a share within 0..1, e.g. 0.01 for 1%")])
+    if a.shared_memory and (a.engine != "perf_analyzer" or (a.url and not is_local(a.url))):
+        raise InputError([flag_problem("--shared-memory", "system shared memory is perf_analyzer's, with a server "
+                                                          "on this machine: add --engine perf_analyzer, or drop it")])
     if a.url:  # a server that is already running; the spec only describes the model's inputs
         result = measure_by(a.engine, a.model, load, classes, url=a.url, metrics=a.metrics_url, log_dir=a.out,
-                            input_data=a.input_data, steps=steps)
+                            input_data=a.input_data, steps=steps, shared_memory=a.shared_memory)
     else:
         with serve_configured(spec, a.repo, a.state_dir, models=[a.model], ports=FREE_PORTS, log=say) as r:
             e = r.endpoints
             url = e.http if a.engine == "locust" else e.grpc
             result = measure_by(a.engine, a.model, load, classes, url=url, metrics=e.metrics, log_dir=a.out,
-                                input_data=a.input_data, steps=steps)
+                                input_data=a.input_data, steps=steps, shared_memory=a.shared_memory)
     say(format_result(result))
     js, cs = write_result(result, a.out)
     say(f"wrote {js} and {cs}")
@@ -195,6 +199,10 @@ def register(sub) -> None:
                          "perf_analyzer: NVIDIA's C++ client, one class, the least CPU: prefer it where the "
                          "generator shares the cores with the server or you compare with Model Analyzer "
                          "(it stops at the first refused request)")
+    sp.add_argument("--shared-memory", action="store_true",
+                    help="with --engine perf_analyzer and a server on this machine: tensors through system shared "
+                         "memory, as the tuner's trials send them (over gRPC, PA's export holds every request's "
+                         "tensors: large inputs at high rates outgrow its memory)")
     sp.add_argument("--url", help="HOST:PORT of a running server (HTTP for locust, gRPC for asyncio); "
                                   "default: start one from the spec")
     sp.add_argument("--metrics-url", help="with --url: Triton's metrics URL, for its summary quantiles")

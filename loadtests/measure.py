@@ -32,18 +32,19 @@ def measure_grpc(url: str, model: str, load: Load, classes: list[RequestClass] |
 
 def measure_by(engine: str, model: str, load: Load, classes: list[RequestClass] | None, *, url: str,
                metrics: str | None = None, log_dir: Path | None = None, input_data: Path | None = None,
-               steps: list[str] | None = None) -> dict:
+               steps: list[str] | None = None, shared_memory: bool = False) -> dict:
     """One measurement by the chosen engine at `url` (HOST:PORT): Locust over HTTP, asyncio or
     perf_analyzer over gRPC. Each takes the model's inputs from the rules its config carries, or
     from `input_data`. `steps`: the models of a pipeline, whose queue and compute Triton's
-    statistics give per step (`result["steps"]`)."""
+    statistics give per step (`result["steps"]`). `shared_memory`: perf_analyzer's tensors through
+    system shared memory (a server on this machine), as the tuner's trials send them."""
     classes = classes or [RequestClass()]
     protocol = "http" if engine == "locust" else "grpc"
     before = step_statistics(url, protocol, steps) if steps else {}
     if engine == "asyncio":
         result = measure_grpc(url, model, load, classes, metrics=metrics, input_data=input_data)
     elif engine == "perf_analyzer":
-        out = run_pa(url, model, load, classes, input_data=input_data)
+        out = run_pa(url, model, load, classes, input_data=input_data, shared_memory=shared_memory)
         result = build_result(model, load, classes, out, _quantiles(metrics, model), engine="perf_analyzer")
     else:
         result = run_locust(url, model, load, classes, input_data=input_data,

@@ -114,7 +114,8 @@ def run_pa(url: str, model: str, load: Load, classes: list[RequestClass] | None 
         with tempfile.TemporaryDirectory(prefix="tritonkit-pa-") as tmp:
             args = _arguments(model, url, load, cls, samples, sampler.batched, Path(tmp), seed)
             shm = []
-            if shared_memory and _local(url) and not any(m.datatype == "BYTES" for m in (*meta.inputs, *meta.outputs)):
+            strings = any(m.datatype == "BYTES" for m in (*meta.inputs, *meta.outputs))
+            if shared_memory and is_local(url) and not strings:
                 shm = ["--shared-memory", "system", "--output-shared-memory-size",
                        str(_output_bytes(client, model, samples, cls.batch, sampler.batched))]
             try:
@@ -149,7 +150,7 @@ def _arguments(model: str, url: str, load: Load, cls: RequestClass, samples: lis
     return args + ["--request-intervals", str(intervals)]
 
 
-def _local(url: str) -> bool:
+def is_local(url: str) -> bool:
     host = url.rsplit(":", 1)[0].strip("[]")
     return host in ("localhost", "::1") or host.startswith("127.")
 
@@ -240,7 +241,8 @@ def _measure(pa: pa_install.PerfAnalyzer, args: list[str], client: Client, model
     if proc.returncode != 0 and any("bad_alloc" in x for x in lines):
         raise PerfAnalyzerStopped(
             f"perf_analyzer ran out of its memory cap ({cap / 2**30:.1f} GB): its profile export holds every "
-            f"request's tensors, more than that at this rate; use --engine asyncio for this load", served, failed)
+            f"request's tensors, more than that at this rate; with the server on this machine pass "
+            f"--shared-memory, else use --engine asyncio for this load", served, failed)
     if proc.returncode != 0:
         said = "; ".join(f"{k}: {v}" for k, v in errors.items()) or next(
             (x for x in reversed(lines) if x.strip()), f"exit code {proc.returncode}")

@@ -147,3 +147,22 @@ def test_the_sweep_pads_each_row_to_each_bucket_counts_edges(tmp_path):
     rec = doc["recommendation"]
     assert rec["row"] is not None and rec["bucket_edges"] == rows[rec["row"]]["bucket_edges"]
     assert "padded to" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_loadtest_by_perf_analyzer_over_shared_memory_pads_as_the_tuner_does(lines, tmp_path):
+    """`loadtest --engine perf_analyzer --shared-memory`: the tuner's own client and transport,
+    its payloads padded to the model's edges (64/160/320 over uniform widths); the flag without
+    perf_analyzer is refused naming it."""
+    import json
+
+    from tests.conftest import tritonkit
+
+    common = ["--spec", str(lines.root / "deploy.yaml"), "--model", "padded", "--url", lines.endpoints.grpc,
+              "--rps", "150", "--duration", "1.5", "--warmup", "0.5", "--out", str(tmp_path)]
+    done = tritonkit("loadtest", *common, "--engine", "asyncio", "--shared-memory")
+    assert done.returncode == 2 and "--shared-memory" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    done = tritonkit("loadtest", *common, "--engine", "perf_analyzer", "--shared-memory", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["engine"] == "perf_analyzer" and result["overall"]["ok"] > 150
+    assert 0.2 < result["padding_waste"] < 0.45, result["padding_waste"]  # 64/160/320 over 32..320: about 0.31
