@@ -74,11 +74,14 @@ def peer_start(m: ModelSpec) -> tuple[ModelSpec, list[str]]:
 
 def run_model_analyzer(spec: Spec, model: str, work: Path, *, p95_ms: float, max_instances: int, max_batch: int,
                        wall_s: float, rps: float | None = None, window_ms: int | None = None,
-                       max_measurements: int | None = None, log: Callable[[str], None] = print) -> dict:
+                       max_measurements: int | None = None, pa_windows: int | None = None,
+                       log: Callable[[str], None] = print) -> dict:
     """MA's quick search; its configs, its winner (the highest throughput within the P95, or with
     `rps` the lowest P95 that serves that rate) and its wall time, counted to its last new
     measurement. `window_ms`: perf_analyzer's measurement window (default: its own);
-    `max_measurements`: MA is stopped once it has saved that many (default: no bound)."""
+    `max_measurements`: MA is stopped once it has saved that many (default: no bound);
+    `pa_windows`: perf_analyzer's windows per measurement, its stability check off (default: its
+    own, up to ten windows until three agree, which a busy box can make take ten)."""
     ma = require_model_analyzer()
     work = Path(work).resolve()
     start, left_out = peer_start(spec.model(model))
@@ -114,7 +117,9 @@ def run_model_analyzer(spec: Spec, model: str, work: Path, *, p95_ms: float, max
             "profile_models": {model: {
                 "cpu_only": True, **objectives(p95_ms, rps),
                 "perf_analyzer_flags": {"measurement-mode": "time_windows", "input-data": str(data),
-                                        **({"measurement-interval": window_ms} if window_ms else {})}}},
+                                        **({"measurement-interval": window_ms} if window_ms else {}),
+                                        **({"max-trials": pa_windows, "stability-percentage": 100000}
+                                           if pa_windows else {})}}},
         }))
         log(f"== Model Analyzer {_version(ma)}: quick search, at most {max_instances} instances and max batch "
             f"{max_batch}, P95 <= {p95_ms:g} ms, at most {wall_s:.0f} s (log: {work / 'model_analyzer.log'})")

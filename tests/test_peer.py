@@ -66,7 +66,7 @@ def test_model_analyzer_searches_the_kits_repository_within_its_bounds(workdir):
     busy box, so that a slow minute cannot stop it after one."""
     spec = _spec(workdir, default_queue_policy={"max_queue_size": 4})
     r = run_model_analyzer(spec, "peer_mlp", workdir / "ma", p95_ms=50, max_instances=1, max_batch=2, wall_s=600,
-                           window_ms=500, max_measurements=2, log=lambda s: None)
+                           window_ms=500, max_measurements=2, pa_windows=3, log=lambda s: None)
     assert len(r["configs"]) >= 2, r
     assert {m["instances"] for m in r["configs"]} == {1}
     assert max(m["max_batch_size"] for m in r["configs"]) <= 8  # the start's 8, then MA's own <= 2
