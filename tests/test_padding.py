@@ -5,6 +5,7 @@ and without padding, from the same length distribution."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -166,3 +167,34 @@ def test_loadtest_by_perf_analyzer_over_shared_memory_pads_as_the_tuner_does(lin
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["engine"] == "perf_analyzer" and result["overall"]["ok"] > 150
     assert 0.2 < result["padding_waste"] < 0.45, result["padding_waste"]  # 64/160/320 over 32..320: about 0.31
+
+
+def test_lengths_on_the_command_line_replace_the_specs_for_one_run(tmp_path):
+    """`loadtest --lengths line=loguniform:32:320` on a model whose spec draws uniform widths: the
+    run pads what the flag's distribution draws (more short lines: more padding to 64/160/320);
+    a flag that breaks the input's rules is refused naming the flag, the input and the fix."""
+    import json
+
+    from tests.conftest import tritonkit
+    from tritonkit.input_rules import InputRule
+    from tritonkit.tuner.buckets import length_weights, padding_waste
+
+    line_recogniser(tmp_path / "line.onnx")
+    padded = _model("line", padding={}, build={"bucket_edges": [64, 160]})
+    path = write_spec(tmp_path, {"models": [padded]})
+    common = ["--spec", str(path), "--model", "line", "--rps", "100", "--duration", "1.5", "--warmup", "0.5",
+              "--engine", "asyncio", "--repo", str(tmp_path / "repo"), "--state-dir", str(tmp_path / "state"),
+              "--out", str(tmp_path / "out")]
+    for bad, said in (("line=uniform:32:999", "999 is outside"), ("nope=uniform:32:64", "no input 'nope'"),
+                      ("line=gaussian:3:4", "cannot read it"), ("line=uniform:64", "cannot read it")):
+        r = tritonkit("loadtest", *common, "--lengths", bad)
+        assert r.returncode == 2 and f"--lengths {bad}" in r.stderr and said in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    r = tritonkit("loadtest", *common, "--lengths", "line=loguniform:32:320", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    waste = json.loads((tmp_path / "out" / "result.json").read_text())["padding_waste"]
+    rule = InputRule("line", "FP32", (3, 48, -1), min=(3, 48, 32), max=(3, 48, 320), stride=8)
+    expect = {dist: padding_waste(length_weights(replace(rule, lengths=(dist, 32, 320))), (64, 160, 320))
+              for dist in ("uniform", "loguniform")}
+    assert abs(waste - expect["loguniform"]) < abs(waste - expect["uniform"]), (waste, expect)
+    assert waste == pytest.approx(expect["loguniform"], abs=0.15), (waste, expect)
