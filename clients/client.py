@@ -8,7 +8,7 @@ restricted model-repository API, so those calls carry the key headers given at c
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import np_to_triton_dtype
 
 from tritonkit.clients.errors import BadInputError, classify
+from tritonkit.clients.padding import crop_outputs, pad_request
 from tritonkit.input_rules import InputRule
-from tritonkit.inputs import Sampler, rules_from_config, sampler_for
+from tritonkit.inputs import Sampler, crop_from_config, rules_from_config, sampler_for
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,15 @@ class ModelMeta:
     outputs: tuple[TensorMeta, ...]
     max_batch_size: int
     rules: tuple[InputRule, ...] = ()  # what requests may carry (the config's tritonkit_inputs)
+    crop: dict[str, tuple[int, int]] = field(default_factory=dict)  # outputs padding changes (tritonkit_crop)
+
+    def pad(self, arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int | None]:
+        """`arrays` padded up to their bucket's edge as the model's rules say, and their own length."""
+        return pad_request(arrays, list(self.rules), self.max_batch_size > 0)
+
+    def crop_back(self, outputs: dict[str, np.ndarray], length: int | None) -> dict[str, np.ndarray]:
+        """Outputs of a padded request cut back to what its own length gives."""
+        return crop_outputs(outputs, length, self.crop, self.max_batch_size > 0)
 
     def sampler(self, input_data: Path | None = None, seed: int = 0) -> Sampler:
         """The one sampler for this model: generated inputs by its rules, or `input_data` cycled."""
@@ -72,7 +82,7 @@ def meta_from_triton(name: str, metadata: dict, config: mc.ModelConfig) -> Model
         return tuple(TensorMeta(t["name"], t["datatype"], tuple(int(d) for d in t["shape"])) for t in items)
 
     return ModelMeta(name, tensors(metadata.get("inputs", [])), tensors(metadata.get("outputs", [])),
-                     config.max_batch_size, tuple(rules_from_config(config)))
+                     config.max_batch_size, tuple(rules_from_config(config)), crop_from_config(config))
 
 
 def config_from_triton(obj: Any) -> mc.ModelConfig:
@@ -168,11 +178,18 @@ class Client(_Base):
 
     def infer(self, model: str, arrays: dict[str, np.ndarray], *, priority: int = 0,
               timeout_us: int | None = None, outputs: list[str] | None = None,
-              request_id: str = "", headers: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+              request_id: str = "", headers: dict[str, str] | None = None,
+              padded: bool = False) -> dict[str, np.ndarray]:
+        """`padded`: pad `arrays` up to their length bucket as the model's config says (its
+        `padding`), so they batch with requests of similar length, and cut the outputs padding
+        changes back to the request's own length (one metadata call per model, cached)."""
+        meta = self.metadata(model) if padded else None
+        arrays, length = meta.pad(arrays) if meta else (arrays, None)
         inputs, outs = self._build(arrays, outputs)
         result = self._call(self._c.infer, model, inputs, outputs=outs, headers=headers,
                             **self._infer_kwargs(priority, timeout_us, request_id))
-        return self._read(result, outputs)
+        got = self._read(result, outputs)
+        return meta.crop_back(got, length) if meta else got
 
     def statistics(self, model: str) -> dict:
         stats = _as_dict(self._call(self._c.get_inference_statistics, model))
@@ -238,14 +255,17 @@ class AsyncClient(_Base):
     async def infer(self, model: str, arrays: dict[str, np.ndarray], *, priority: int = 0,
                     timeout_us: int | None = None, outputs: list[str] | None = None,
                     request_id: str = "", headers: dict[str, str] | None = None,
-                    deadline_s: float | None = None) -> dict[str, np.ndarray]:
+                    deadline_s: float | None = None, padded: bool = False) -> dict[str, np.ndarray]:
         """`headers` travel with the request (a gateway routes on them); `deadline_s` (gRPC) cancels
-        a request still unanswered then, as DeadlineExceededError."""
+        a request still unanswered then, as DeadlineExceededError; `padded` as `Client.infer`."""
+        meta = await self.metadata(model) if padded else None
+        arrays, length = meta.pad(arrays) if meta else (arrays, None)
         inputs, outs = self._build(arrays, outputs)
         extra = {"client_timeout": deadline_s} if deadline_s is not None and self.protocol == "grpc" else {}
         result = await self._call(self._c.infer, model, inputs, outputs=outs, headers=headers, **extra,
                                   **self._infer_kwargs(priority, timeout_us, request_id))
-        return self._read(result, outputs)
+        got = self._read(result, outputs)
+        return meta.crop_back(got, length) if meta else got
 
     async def statistics(self, model: str) -> dict:
         return _as_dict(await self._call(self._c.get_inference_statistics, model))["model_stats"][0]

@@ -8,7 +8,8 @@ the caller gets what the unpadded request would have given wherever padding does
 the real part (the model's receptive field at the right edge decides that: measure it).
 
 The kit's generated traffic pads in the sampler (tritonkit/inputs.py); these are for requests a
-user's own code makes.
+user's own code makes, and `Client.infer(..., padded=True)` applies both from what the model's
+config carries (`tritonkit_inputs` for the edges, `tritonkit_crop` for the outputs).
 """
 
 from __future__ import annotations

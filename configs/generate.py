@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.resources
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from tritonkit.configs.overlay import set_batching
 from tritonkit.configs.pipelines import ensemble_steps, wires_of
 from tritonkit.errors import InputError, Problem
 from tritonkit.files import copy_file_atomic, write_bytes_atomic
-from tritonkit.input_rules import PARAMETER, InputRule, rules_parameter
+from tritonkit.input_rules import CROP_PARAMETER, PARAMETER, InputRule, rules_parameter
 from tritonkit.inputs import Sampler
 from tritonkit.server import find_install
 from tritonkit.spec import ModelSpec, PipelineSpec, Spec, TensorSpec
@@ -164,6 +165,9 @@ def build_config(r: ResolvedModel) -> mc.ModelConfig:
         _tensor(cfg.output.add, t, max_batch > 0)
     rules = input_rules(r)
     cfg.parameters[PARAMETER].string_value = rules_parameter(rules)
+    if m.padding is not None and m.padding.crop:
+        crop = {name: [c.dim, c.per] for name, c in sorted(m.padding.crop.items())}
+        cfg.parameters[CROP_PARAMETER].string_value = json.dumps(crop, separators=(",", ":"))
 
     set_batching(cfg, m)
 

@@ -44,8 +44,8 @@ def lines(tmp_path_factory):
 
 
 def test_padded_requests_answer_what_the_unpadded_line_gives(lines):
-    """Lengths between and on the edges, padded, served, cut back: equal to ONNX Runtime on the
-    line alone."""
+    """Lengths between and on the edges, padded, served, cut back (by hand, and by the client from
+    the config): equal to ONNX Runtime on the line alone."""
     import onnxruntime as ort
 
     from tritonkit.clients.padding import crop_outputs, pad_request
@@ -61,6 +61,8 @@ def test_padded_requests_answer_what_the_unpadded_line_gives(lines):
             got = crop_outputs(c.infer("padded", sent), length, {"logits": (0, 4)}, batched=True)["logits"]
             want = session.run(None, {"line": x})[0]
             assert got.shape == want.shape == (1, width // 4, 40)
+            # the client does both from the config alone: the edges and the crop it carries
+            assert np.array_equal(c.infer("padded", {"line": x}, padded=True)["logits"], got)
             worst = max(worst, float(np.abs(got - want).max()))
     assert worst <= 1e-4, worst
 

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 PARAMETER = "tritonkit_inputs"  # config.pbtxt parameter that carries the rules as JSON
+# and the outputs padding changes, for clients that pad (`padding.crop`): name -> [dim, per]
+CROP_PARAMETER = "tritonkit_crop"
 
 NUMPY = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
          "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,

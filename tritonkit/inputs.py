@@ -23,7 +23,16 @@ from pathlib import Path
 import numpy as np
 
 from tritonkit.errors import input_error
-from tritonkit.input_rules import PARAMETER, InputRule
+from tritonkit.input_rules import CROP_PARAMETER, PARAMETER, InputRule
+
+
+def crop_from_config(cfg) -> dict[str, tuple[int, int]]:
+    """The outputs a padded request's answer is cut back along (name -> (dim, per)): none where
+    the config says none, or the kit did not write it."""
+    param = cfg.parameters.get(CROP_PARAMETER)
+    if param is None or not param.string_value:
+        return {}
+    return {name: (int(dim), int(per)) for name, (dim, per) in json.loads(param.string_value).items()}
 
 
 def rules_from_config(cfg) -> list[InputRule]:
