@@ -295,7 +295,8 @@ def noise_args(sp, defaults: bool = True) -> None:
                          f"(default {RULES.slo_margin})")
     sp.add_argument("--max-trial-s", type=float, default=TuneSettings.max_trial_s if defaults else None,
                     help="offline: the longest steady window of one trial (each holds about 3000 requests "
-                         f"at its rate, within this; default {TuneSettings.max_trial_s:g})")
+                         f"at its rate, within this; a confirmation run takes all of it; default "
+                         f"{TuneSettings.max_trial_s:g})")
     sp.add_argument("--engine", default=TuneSettings.engine if defaults else None,
                     help="offline: the client that measures each trial: perf_analyzer (default: C++, the least "
                          "CPU beside the server; asyncio where it cannot send a load) or asyncio")

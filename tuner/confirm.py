@@ -157,10 +157,10 @@ def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: boo
                 verdict = confirmation_verdict(runs, objective, rules)
                 if runs and beside is not None and pairs is not None and more() and (verdict is None or not pairs):
                     # the start beside the run just made: while the verdict is open, and at the claim
-                    pairs.append((runs[-1], trials.run(beside, trials.open_load(r), "beside")))
+                    pairs.append((runs[-1], trials.run(beside, trials.confirm_load(r), "beside")))
                 if verdict is not None or not more():
                     break
-                runs.append(trials.run(k, trials.open_load(r), "confirm"))
+                runs.append(trials.run(k, trials.confirm_load(r), "confirm"))
             if verdict:
                 p = pooled(runs, passed=True)
                 found.append(Score(k, p.ok_rps if step_down else -p.p95_ms, r, p, runs))

@@ -59,6 +59,9 @@ class SimulatedTrials:
     def open_load(self, rate: float, share: float = 1.0) -> Load:
         return Load(rate=rate, duration_s=max(2.0, 3 * share), warmup_s=0.5, drain_s=1)
 
+    def confirm_load(self, rate: float) -> Load:
+        return self.open_load(rate)
+
     def closed_load(self, clients: int, seconds: float | None = None) -> Load:
         return Load(concurrency=clients, duration_s=seconds or 3, warmup_s=0.5, drain_s=1)
 
