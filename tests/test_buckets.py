@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from tritonkit.input_rules import InputRule
-from tritonkit.tuner.buckets import best_edges, choose, edge_sets, length_weights, padding_waste
+from tritonkit.tuner.buckets import COUNTS, best_edges, choose, edge_sets, length_weights, padding_waste
 
 
 def _mean_padded(weights: dict[int, float], edges: tuple[int, ...], max_len: int) -> float:
@@ -62,6 +62,7 @@ def test_tuned_edges_are_written_applied_and_padded_to(tmp_path):
     from tritonkit.errors import InputError
     from tritonkit.tuner.knobs import Knobs
     from tritonkit.tuner.outputs import write_tuned
+    from tritonkit.tuner.run import bucket_edge_sets
 
     line_recogniser(tmp_path / "line.onnx")
     line = {"name": "line", "dtype": "FP32", "dims": [3, 48, -1], "min": [3, 48, 32], "opt": [3, 48, 160],
@@ -70,6 +71,9 @@ def test_tuned_edges_are_written_applied_and_padded_to(tmp_path):
                                              "inputs": [line], "padding": {}, "slo": {"p95_ms": 50}}]})
     spec = load_spec(path)
     assert input_rules(resolve(spec, spec.model("line")))[0].pad_to == (320,)
+    # the spec pads to the max already: a tune screens the other counts beside it, not it again
+    sets = bucket_edge_sets(spec, "line", None, lambda s: None)
+    assert () not in sets and len(sets) == len(COUNTS) - 1
     about = {"version": "2.51.0", "url": "localhost:8001", "backend": "onnxruntime", "started_by": "test"}
     tuned = write_tuned(spec, "line", Knobs(8, 2000, 2, edges=(104, 200)), about)
     again = load_spec(path)

@@ -143,7 +143,8 @@ def bucket_edge_sets(spec: Spec, model: str, input_data: Path | None, log: Calla
     sets = edge_sets(input_rules(resolve(spec, m)))
     if not sets:
         log("  bucket edges: not tuned, no padded input has a length distribution (inputs[].lengths)")
-    return sets
+    own = tuple(m.build.bucket_edges)
+    return [e for e in sets if e != own]  # the spec's own edges are the start's: measured as it is
 
 
 def _searched(search: Search, start: Knobs) -> Tuning:
