@@ -39,9 +39,13 @@ def _error_rate_ok(row: Row) -> bool:
     return requests > 0 and error_count(row) <= MAX_ERROR_RATE * requests
 
 
-def _padding(row: Row) -> str:
-    """A row that swept bucket edges: what its requests were padded to."""
-    return "" if row.get("bucket_edges") is None else f", padded to {edges_text(row['bucket_edges'])}"
+def _padding(row: Row, lead: str = ", padded to ") -> str:
+    """A row that swept bucket edges: what its requests were padded to, after `lead`."""
+    return "" if row.get("bucket_edges") is None else f"{lead}{edges_text(row['bucket_edges'])}"
+
+
+def _swept_padding(rows: Sequence[Row]) -> bool:
+    return any("bucket_edges" in r for r in rows)
 
 
 def _setting(row: Row) -> str:
@@ -153,7 +157,7 @@ def sweep_json(rows: Sequence[Row], recommended: Row | None, reason: str, slo_p9
     rec = {"row": index, "reason": reason,
            "max_batch_size": recommended["max_batch_size"] if recommended else None,
            "max_queue_delay_us": recommended["max_queue_delay_us"] if recommended else None}
-    if any("bucket_edges" in r for r in rows):
+    if _swept_padding(rows):
         rec["bucket_edges"] = recommended["bucket_edges"] if recommended else None
     doc = {"rows": list(rows), "recommendation": rec, "slo_p95_ms": slo_p95_ms,
            "max_rss_mb": max_rss_mb, "headroom": headroom}
@@ -195,7 +199,7 @@ RECOMMENDED_MARK = "**→ recommended**"
 
 def markdown_table(rows: Sequence[Row], recommended: Row | None) -> str:
     columns = TABLE_COLUMNS
-    if any("bucket_edges" in r for r in rows):
+    if _swept_padding(rows):
         columns = (*TABLE_COLUMNS[:3], *PADDING_COLUMNS, *TABLE_COLUMNS[3:])
     lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + " --- |" * len(columns)]
     for r in rows:
@@ -230,8 +234,7 @@ def _order(r: Row) -> tuple:
 
 def _series(r: Row) -> str:
     """A line in the plots: one queue delay (and, swept, one padding), over the batch sizes."""
-    pad = "" if r.get("bucket_edges") is None else f", pad {edges_text(r['bucket_edges'])}"
-    return f"queue delay {r['max_queue_delay_us']} µs{pad}"
+    return f"queue delay {r['max_queue_delay_us']} µs{_padding(r, ', pad ')}"
 
 
 def _by_series(rows: Iterable[Row]) -> dict[str, list[Row]]:
@@ -242,7 +245,7 @@ def _by_series(rows: Iterable[Row]) -> dict[str, list[Row]]:
 
 
 def _row_label(r: Row) -> str:
-    pad = "" if r.get("bucket_edges") is None else f"\npad {edges_text(r['bucket_edges'])}"
+    pad = _padding(r, "\npad ")
     return f"B={r['max_batch_size']}\n{r['max_queue_delay_us']} µs{pad}"
 
 

@@ -13,8 +13,10 @@ from collections import Counter
 
 import numpy as np
 
+from tritonkit.configs.generate import input_rules, resolve
 from tritonkit.input_rules import InputRule
 from tritonkit.inputs import draw_length
+from tritonkit.spec import Spec
 
 TIE = 0.05  # claims within 5% of the best are a tie on this box: the fewer buckets win
 COUNTS = (1, 2, 3, 4, 6)  # bucket counts a tune tries: more than six shapes split batches past use
@@ -81,6 +83,11 @@ def choose(claims: dict[int, float]) -> int:
 def padded_rule(rules: list[InputRule]) -> InputRule | None:
     """The input whose length decides a request's bucket: the first that pads and draws lengths."""
     return next((r for r in rules if r.pad_to and r.lengths), None)
+
+
+def model_edge_sets(spec: Spec, model: str, counts: tuple[int, ...] = COUNTS) -> list[tuple[int, ...]]:
+    """`edge_sets` for a spec model, from the input rules its config carries."""
+    return edge_sets(input_rules(resolve(spec, spec.model(model))), counts)
 
 
 def edge_sets(rules: list[InputRule], counts: tuple[int, ...] = COUNTS) -> list[tuple[int, ...]]:

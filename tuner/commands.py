@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, say, spec_arg
-from tritonkit.configs.generate import generate, input_rules, resolve
+from tritonkit.configs.generate import generate
 from tritonkit.configs.lengths_flag import with_lengths
 from tritonkit.configs.loader import load_spec
 from tritonkit.configs.steps import serve_configured
@@ -18,7 +18,7 @@ from tritonkit.input_rules import edges_text
 from tritonkit.loadtests.commands import FREE_PORTS, lengths_here, load_args, load_from
 from tritonkit.server import read_state
 from tritonkit.spec import TUNED_FILE, Spec, parse_spec
-from tritonkit.tuner.buckets import edge_sets
+from tritonkit.tuner.buckets import model_edge_sets
 from tritonkit.tuner.knobs import powers_of_two
 from tritonkit.tuner.mix import format_mix, tune_mix
 from tritonkit.tuner.online import OnlineSettings, run_online
@@ -81,7 +81,7 @@ def _swept_edges(spec: Spec, model: str, counts: list[int] | None, input_data: P
     if m.padding is None:
         raise input_error(spec.shown, f"{at}.padding", "missing: --buckets pads requests up to bucket edges",
                           "add padding: {} to the model (with crop for outputs that follow the length)")
-    sets = edge_sets(input_rules(resolve(spec, m)), tuple(counts))
+    sets = model_edge_sets(spec, model, tuple(counts))
     if not sets:
         raise input_error(spec.shown, f"{at}.inputs", "no padded input draws its lengths from a distribution",
                           "give the input lengths: {dist: uniform, low: ..., high: ...}")

@@ -242,9 +242,8 @@ class Search(Rates):
         each bucket count), screened side by side with the edges it has now, when the budget leaves a
         round of them and the verdict after it."""
         self.edges_share = 0  # this stage's trials are now the budget's to spend
-        candidates = [inc.knobs, *(replace(inc.knobs, edges=e) for e in self.edge_sets)]
-        candidates = list(dict.fromkeys(candidates))
-        if len(candidates) < 2 or not inc.knobs.batching:
+        candidates = [inc.knobs, *(replace(inc.knobs, edges=e) for e in self.edge_sets)]  # distinct sets
+        if not inc.knobs.batching:
             return inc, []
         if self.budget_left < len(candidates) + self.rules.runs:
             self.log(f"== bucket edges: not tuned, {self.budget_left} trials left for {len(candidates)} edge sets")

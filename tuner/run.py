@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritonkit.build_engines.plan import serving_max_batch
-from tritonkit.configs.generate import generate, input_rules, resolve
+from tritonkit.configs.generate import generate
 from tritonkit.loadtests.server_probe import probe_once
 from tritonkit.spec import Spec
 from tritonkit.tuner import outputs, remote
 from tritonkit.tuner.apply import LiveConfig
-from tritonkit.tuner.buckets import edge_sets
+from tritonkit.tuner.buckets import model_edge_sets
 from tritonkit.tuner.knobs import Knobs, from_spec
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.objective import Objective, Tuning
@@ -140,7 +140,7 @@ def bucket_edge_sets(spec: Spec, model: str, input_data: Path | None, log: Calla
     if input_data is not None:
         log("  bucket edges: not tuned, the trials send real request data (--input-data) as it is padded")
         return []
-    sets = edge_sets(input_rules(resolve(spec, m)))
+    sets = model_edge_sets(spec, model)
     if not sets:
         log("  bucket edges: not tuned, no padded input has a length distribution (inputs[].lengths)")
     own = tuple(m.build.bucket_edges)
