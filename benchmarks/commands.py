@@ -19,10 +19,11 @@ from tritonkit.benchmarks.remote import run_remote_bench
 from tritonkit.benchmarks.routing import BenchSettings, run_routing_bench
 from tritonkit.benchmarks.serving import run_serving_bench
 from tritonkit.benchmarks.tuner_bench import run_tuner_bench
-from tritonkit.benchmarks.versus import run_versus
+from tritonkit.benchmarks.versus import read_versus, run_versus, versus_table
 from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, say, spec_arg
 from tritonkit.configs.loader import load_spec, resolve
 from tritonkit.errors import InputError, Problem, raise_flag_problems
+from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.server_probe import probe_once
 from tritonkit.tuner.apply import load_verified
 from tritonkit.tuner.commands import noise_args
@@ -64,13 +65,21 @@ def cmd_bench(a: argparse.Namespace) -> int:
         raise_flag_problems([("--rounds", rounds >= 1, "judge at least once, e.g. 3"),
                              ("--kit-runs", a.kit_runs >= 1, "tune at least once, e.g. 3"),
                              ("--ma-wall-s", a.ma_wall_s > 0, "give Model Analyzer some time, e.g. 900")])
-        require_model_analyzer()
-        for case in a.case or list(CASES):
-            run_versus(case, a.out / "versus", ma_wall_s=a.ma_wall_s, rounds=rounds, seconds=a.seconds,
-                       engine=s.engine, max_trials=s.max_trials, kit_runs=a.kit_runs,
-                       model_analyzer_from=a.model_analyzer_from, hold_loads=a.hold_loads, noise=a.noise_source,
-                       log=say)
-        say(f"wrote {a.out / 'versus'}/<case>/bench_versus.json")
+        if not a.table:
+            require_model_analyzer()
+            for case in a.case or list(CASES):
+                run_versus(case, a.out / "versus", ma_wall_s=a.ma_wall_s, rounds=rounds, seconds=a.seconds,
+                           engine=s.engine, max_trials=s.max_trials, kit_runs=a.kit_runs,
+                           model_analyzer_from=a.model_analyzer_from, hold_loads=a.hold_loads,
+                           noise=a.noise_source, log=say)
+            say(f"wrote {a.out / 'versus'}/<case>/bench_versus.json")
+        results = read_versus(a.out / "versus")
+        if not results:
+            raise InputError([Problem(str(a.out / "versus"), "--table", "no case's bench_versus.json under it",
+                                      "give the --out of an earlier `tritonkit bench versus`")])
+        write_bytes_atomic(a.out / "versus" / "versus.md", (versus_table(results) + "\n").encode())
+        say(versus_table(results))
+        say(f"wrote {a.out / 'versus' / 'versus.md'}")
     elif a.what == "remote":
         rounds = 3 if a.rounds is None else a.rounds
         raise_flag_problems([("--rounds", rounds >= 1, "judge at least once, e.g. 3")])
@@ -187,6 +196,9 @@ def register(sub) -> None:
     sp.add_argument("--noise-source", action="store_true",
                     help="versus: run each case beside a process that burns one core in random bursts, about a "
                          "third of the time (a noisy edge node)")
+    sp.add_argument("--table", action="store_true",
+                    help="versus: run nothing; print the markdown table of every case already under --out "
+                         "(also written as versus/versus.md after each run)")
     sp.add_argument("--model-analyzer-from", type=Path,
                     help="versus: Model Analyzer's result from an earlier run's folder (or bench_versus.json) "
                          "instead of a new search")

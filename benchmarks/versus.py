@@ -165,6 +165,77 @@ def earlier_model_analyzer(path: Path, case: str) -> dict:
     return r["model_analyzer"]
 
 
+def versus_table(results: list[dict]) -> str:
+    """Every case's sides as one markdown table (docs/benchmarks.md): each tuning's whole `tune` and
+    its search proper against Model Analyzer's time to its last new measurement, what each measured,
+    the config written beside the best one measured, and the judge's figure over its rounds."""
+    lines = ["| case | side | whole tune s (search proper) | measured (configs) | written | best measured "
+             "| judged (rounds) | kit / MA; time (search proper) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        latency = r["rps"] is not None
+        ma = r["sides"].get("model_analyzer", {})
+        ma_fig, ma_s = _judged_figure(ma, latency), ma.get("search_s")
+        objective = f"lowest P95 at {r['rps']:g} req/s" if latency else f"P95 <= {r['p95_ms']:g} ms"
+        noise = f", beside the noise source ({r['noise_source']['busy_share']:.0%} of a core)" \
+            if r.get("noise_source") else ""
+        for i, (name, s) in enumerate(r["sides"].items()):
+            case = f"{r['case']}, {objective}{noise}" if i == 0 else ""
+            fig = _judged_figure(s, latency)
+            j = s.get("judged") or {}
+            rounds = j.get("rounds_p95_ms") if latency else j.get("rounds_rps")
+            judged = "-" if fig is None else (f"P95 {fig:,.1f} ms" if latency else f"{fig:,.0f}") + \
+                f" ({', '.join('-' if x is None else format(x, ',.1f' if latency else ',.0f') for x in rounds or [])})"
+            if name == "model_analyzer":
+                side, tune = "Model Analyzer", f"{_s(s.get('search_s'))} (wall {_s(s.get('wall_s'))})"
+                written, best, ratio = s.get("winner") or "-", "", ""
+            else:
+                marks = [m for m, on in (("unconfirmed", not s["confirmed"]), ("kept the start", s["kept"])) if on]
+                side = name + (f" ({', '.join(marks)})" if marks else "")
+                tune = f"{_s(s['search_s'])} ({_s(s['search_proper_s'])})"
+                written = s["winner"] if s["written"] else "the start"
+                bm = s.get("best_measured")
+                best = "-" if not bm else f"{'the same' if bm[0] == s['winner'] else bm[0]}, {bm[1]:,.0f}"
+                if s.get("differs_because"):
+                    best += f" ({s['differs_because']})"
+                ratio = "; ".join([_ratio(fig, ma_fig, latency),
+                                   f"{_frac(s['search_s'], ma_s)} ({_frac(s['search_proper_s'], ma_s)})"])
+            lines.append(f"| {case} | {side} | {tune} | {s['measurements']} ({s['configs']}) | {written} | {best} "
+                         f"| {judged} | {ratio} |")
+    return "\n".join(lines)
+
+
+def _judged_figure(side: dict, latency: bool) -> float | None:
+    j = side.get("judged") or {}
+    return j.get("p95_ms") if latency else j.get("rps")
+
+
+def _ratio(kit: float | None, ma: float | None, latency: bool) -> str:
+    """The kit's figure over MA's (for a latency objective, MA's P95 over the kit's: above 1 is better)."""
+    if kit is None or ma is None or not kit or not ma:
+        return "-"
+    return f"{(ma / kit if latency else kit / ma):.2f}x" + (" lower P95" if latency else "")
+
+
+def _frac(x: float | None, of: float | None) -> str:
+    return "-" if x is None or not of else f"{x / of:.2f}"
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
+def read_versus(folder: Path) -> list[dict]:
+    """The `bench_versus.json` of every case under `folder` (what `bench versus --out` wrote), in
+    the order of `CASES`."""
+    found = {}
+    for file in sorted(Path(folder).glob("*/bench_versus.json")):
+        r = json.loads(file.read_text())
+        if r.get("kind") == "bench/versus":
+            found[r["case"]] = r
+    return [found[c] for c in CASES if c in found]
+
+
 def format_versus(r: dict) -> str:
     latency = r["rps"] is not None
     head = "P95 ms at the rate" if latency else "req/s held"

@@ -155,3 +155,54 @@ def test_the_noise_source_burns_a_core_in_bursts_and_stops_with_its_block(tmp_pa
     assert took["seconds"] > 0 and 0.0 <= took["busy_share"] <= 1.0
     (tmp_path / "log").write_text('{"at": 0, "busy_s": 2.0}\n{"at": 5, "busy_s": 1.0}\n')
     assert summary(tmp_path / "log", 9.0) == {"seconds": 9.0, "busy_s": 3.0, "bursts": 2, "busy_share": 0.333}
+
+
+def _versus_result(case: str, rps: float | None, kit: dict, ma: dict, noise: dict | None = None) -> dict:
+    side = {"measurements": 36, "configs": 12, "confirmed": True, "kept": False, "written": True,
+            "differs_because": None}
+    return {"schema": 1, "kind": "bench/versus", "case": case, "model": case, "p95_ms": 20.0, "rps": rps,
+            "engine": "perf_analyzer", "noise_source": noise,
+            "sides": {"kit1": {**side, **kit}, "model_analyzer": {"measurements": 8, "configs": 8, **ma}}}
+
+
+def test_the_versus_table_puts_every_tuning_beside_model_analyzer(tmp_path):
+    """The table a `bench versus` run leaves (versus/versus.md, and `--table` from its folder): the
+    judged figure and the time over Model Analyzer's, the written config beside the best measured one,
+    a latency case's ratio the right way up; a folder with no case is exit 2 naming the flag."""
+    from tests.conftest import tritonkit
+    from tritonkit.benchmarks.versus import read_versus, versus_table
+
+    convnet = _versus_result(
+        "convnet", None,
+        {"search_s": 150.0, "search_proper_s": 90.0, "winner": "batch 4 delay 0 us x2",
+         "best_measured": ["batch 8 delay 0 us x2", 2600.0], "differs_because": "within one rung",
+         "confirmed": False, "judged": {"rps": 2400.0, "rounds_rps": [2400.0, 2500.0, 2300.0]}},
+        {"search_s": 300.0, "wall_s": 450.0, "winner": "batch 4 x2",
+         "judged": {"rps": 2000.0, "rounds_rps": [2000.0, 1900.0, 2100.0]}},
+        noise={"busy_share": 0.33, "bursts": 100, "seconds": 900})
+    latency = _versus_result(
+        "latency", 400.0,
+        {"search_s": 100.0, "search_proper_s": 60.0, "winner": "batch 16 delay 0 us x1",
+         "best_measured": None, "judged": {"p95_ms": 12.0, "rounds_p95_ms": [12.0, 13.0, 11.5]}},
+        {"search_s": 200.0, "wall_s": 300.0, "winner": "batch 2 x1",
+         "judged": {"p95_ms": 48.0, "rounds_p95_ms": [48.0, None, 50.0]}})
+    for r in (convnet, latency):
+        (tmp_path / "versus" / r["case"]).mkdir(parents=True)
+        (tmp_path / "versus" / r["case"] / "bench_versus.json").write_text(json.dumps(r))
+    found = read_versus(tmp_path / "versus")
+    assert [r["case"] for r in found] == ["latency", "convnet"]  # in the order of CASES
+    rows = {line.split(" | ")[1]: line for line in versus_table([convnet]).splitlines()[2:]}
+    kit = rows["kit1 (unconfirmed)"]
+    assert "beside the noise source (33% of a core)" in kit
+    assert "| 150 (90) |" in kit and "| 36 (12) |" in kit
+    assert "| batch 4 delay 0 us x2 | batch 8 delay 0 us x2, 2,600 (within one rung) |" in kit
+    assert "| 2,400 (2,400, 2,500, 2,300) | 1.20x; 0.50 (0.30) |" in kit
+    assert "| 300 (wall 450) |" in rows["Model Analyzer"]
+    kit_latency = next(line for line in versus_table([latency]).splitlines() if "| kit1 |" in line)
+    assert "P95 12.0 ms (12.0, 13.0, 11.5)" in kit_latency and "4.00x lower P95; 0.50 (0.30)" in kit_latency
+
+    done = tritonkit("bench", "versus", "--table", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "versus" / "versus.md").read_text().count("| kit1") == 2
+    empty = tritonkit("bench", "versus", "--table", "--out", str(tmp_path / "none"))
+    assert empty.returncode == 2 and "--table" in empty.stderr and "Traceback" not in empty.stderr, empty.stderr
