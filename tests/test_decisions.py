@@ -296,6 +296,37 @@ def test_the_finalist_that_beat_the_start_side_by_side_is_kept_on_a_slower_minut
     assert true_edge(_batching(tuning.best.knobs)) > true_edge(start) * RULES.rate_step
 
 
+class SlowDuringTheScreen(TrueWorldTrials):
+    """TRUE_WORLD, except that every screening run is `factor` times as slow: a slow minute over the
+    whole first round (or a first rung past every config's edge), so that no config holds there."""
+
+    def __init__(self, factor: float = 5.0):
+        super().__init__()
+        self.factor = factor
+
+    def run(self, k: Knobs, load: Load, phase: str, classes=None) -> Trial:
+        t = super().run(k, load, phase)
+        if phase == "screen" and t.p95_ms is not None:
+            t.p95_ms = round(t.p95_ms * self.factor, 3)
+            t.passed = t.p95_ms <= self.target_p95_ms
+        return with_latencies(t)
+
+
+def test_a_screen_round_that_no_config_held_still_ranks_them_side_by_side():
+    """No config holds the screen's first rate, yet their P95s there, in the same minutes, put a
+    better config above the start: that finalist walks from the round's rate to where it holds and
+    becomes the incumbent, rather than the search keeping the start with its trials unspent."""
+    sim = SlowDuringTheScreen()
+    start = Knobs(16, 0, 1)
+    tuning = Search(sim, Objective(SLO_MS), bound=16, max_trials=TRIALS, log=lambda s: None).run(start)
+    screen = [t for t in sim.trials if t.phase == "screen"]
+    assert screen and not any(t.passed for t in screen)  # the round held nowhere
+    finalist = [t for t in sim.trials if t.phase == "finalist"]
+    assert finalist and finalist[0].rate == screen[0].rate  # its walk starts at the round's rate
+    assert not tuning.kept and tuning.written
+    assert true_edge(_batching(tuning.best.knobs)) > true_edge(start) * RULES.rate_step
+
+
 class NeverConfirms(SimulatedTrials):
     """WORLD, except that no confirmation run holds: the winner's P95 there is twice the SLO, and the
     start's beside it three times (or, `start_faster`, 0.8 of it: clearly faster, past the noise)."""

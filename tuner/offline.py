@@ -217,18 +217,21 @@ class Search(Rates):
         h.stop()
         # A finalist ranked above the start beat it side by side, in the same minutes: it is the
         # incumbent wherever it turns out to hold (its own walk, down from a slower minute if need
-        # be), and the confirmation runs the start beside it again. Only a finalist that holds
-        # nothing leaves the place to the next.
+        # be), and the confirmation runs the start beside it again. That holds too where no config
+        # held the round's rate (a slow minute, or a first rung past every edge): their P95s there
+        # still rank them, and the finalist walks down from that rate. Only a finalist that holds
+        # nothing on its walk leaves the place to the next.
         best = inc
         for f in h.finalists:
             if f.knobs == start:
                 break  # the start ranked above the rest, side by side: nothing screened beat it
-            if f.rate is None:
-                continue
             if self.obj.rps:
+                if f.rate is None:
+                    continue  # it missed the target rate itself: the climb's paired runs decide there
                 found = self._score(f.knobs, f.rate, runs[(f.knobs, f.rate)], True)
             else:
-                found = self.sustained(f.knobs, f.rate, "finalist", prior=runs[(f.knobs, f.rate)][-1:])
+                rate = f.rate or h.rate
+                found = self.sustained(f.knobs, rate, "finalist", prior=runs.get((f.knobs, rate), [])[-1:])
             if found.passed:
                 best = found
                 break
