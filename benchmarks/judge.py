@@ -34,6 +34,7 @@ from tritonkit.slo import ERROR_BOUND
 from tritonkit.spec import ModelSpec, ServerSpec, Spec
 from tritonkit.stats import relative_range
 from tritonkit.tuner.ladder import walk_down, walk_up
+from tritonkit.tuner.strategy import drive
 
 JUDGE_STEP = 1.05  # the figure's resolution: two configs differ by what they hold, not by a coarse rung
 START_ABOVE = 1.15  # the ladder starts this far above the highest claim, so a figure is an edge, not a claim
@@ -143,43 +144,66 @@ def _measurer(url: str, model: str, runs: list[Run], seconds: float, p95_ms: flo
     return measure
 
 
+class JudgeRound:
+    """One round of the judge, as a strategy (`tuner/strategy.py`: ask and tell, never measuring):
+    each entrant walks from its own start in JUDGE_STEP steps, down to the first rate it holds, or,
+    where it holds at its start, up while it holds, to `climb_limit` times its start (a start is a
+    claim, never a ceiling). The entrants take one run each in turn, in `order`, so a drift of the
+    machine falls on all alike. `result`: each entrant's run that gave its figure, None where it
+    held nothing above its floor."""
+
+    def __init__(self, starts: dict[str, float], floors: dict[str, float], order: list[str], climb_limit: float):
+        self.starts, self.floors, self.climb_limit = starts, floors, climb_limit
+        self.rate = dict(starts)
+        self.climbing: dict[str, Run] = {}  # entrant -> its last run that held, while it climbs
+        self.pending = list(order)
+        self.result: dict[str, Run | None] = {}
+        self._turns: list[str] = []  # this pass over the pending entrants
+
+    def ask(self) -> tuple[str, float] | None:
+        while self._turns or self.pending:
+            if not self._turns:
+                self._turns = list(self.pending)
+            name = self._turns.pop(0)
+            if name not in self.climbing and self.rate[name] < self.floors[name]:
+                self._done(name, None)
+                continue
+            return name, self.rate[name]
+        return None
+
+    def tell(self, candidate: tuple[str, float], run: Run | None) -> None:
+        name, rate = candidate
+        held = run is not None and run.held
+        if held and (rate == self.starts[name] or name in self.climbing) and \
+                rate * JUDGE_STEP <= self.starts[name] * self.climb_limit:
+            self.climbing[name] = run
+            self.rate[name] = rate * JUDGE_STEP
+        elif name in self.climbing or held:
+            self._done(name, self.climbing.get(name, run))
+        else:
+            self.rate[name] = rate / JUDGE_STEP
+
+    def _done(self, name: str, run: Run | None) -> None:
+        self.result[name] = run
+        self.pending.remove(name)
+
+
 def ladder(starts: dict[str, float], floors: dict[str, float], rounds: int, measure: Callable[[str, float], Run],
            log: Callable[[str], None] = print, climb_limit: float = CLIMB_LIMIT
            ) -> tuple[dict[str, list[float]], dict[str, list[float | None]]]:
-    """The rounds: each entrant from its own start down in JUDGE_STEP steps to its floor, one run at
-    a time per pending entrant in turn (the order rotating from round to round), so a drift of the
-    machine falls on all alike; an entrant's figure for a round is the served rate of its first run
-    that held, 0 where none held. An entrant that holds at its start climbs instead, in JUDGE_STEP
-    steps up to `climb_limit` times its start, and its figure is the last rate that held: a start
-    is a claim, never a ceiling."""
+    """The rounds (`JudgeRound`), the order of the entrants rotating from round to round; an
+    entrant's figure for a round is the served rate of the run that gave it, 0 where none held."""
     names = list(starts)
     figures: dict[str, list[float]] = {n: [] for n in names}
     p95_at: dict[str, list[float | None]] = {n: [] for n in names}
     for i in range(rounds):
         log(f"== round {i + 1}/{rounds}")
-        rate = dict(starts)
-        climbing: dict[str, Run] = {}  # entrant -> its last run that held, while it climbs
-        pending = names[i % len(names):] + names[:i % len(names)]
-        while pending:
-            for name in list(pending):
-                if name not in climbing and rate[name] < floors[name]:
-                    figures[name].append(0.0)
-                    p95_at[name].append(None)
-                    pending.remove(name)
-                    continue
-                run = measure(name, rate[name])
-                first = rate[name] == starts[name]
-                if run.held and (first or name in climbing) and rate[name] * JUDGE_STEP <= starts[name] * climb_limit:
-                    climbing[name] = run
-                    rate[name] *= JUDGE_STEP
-                    continue
-                done = climbing.get(name) if name in climbing else (run if run.held else None)
-                if done is not None:
-                    figures[name].append(done.ok_rps)
-                    p95_at[name].append(done.p95_ms)
-                    pending.remove(name)
-                    continue
-                rate[name] /= JUDGE_STEP
+        r = JudgeRound(starts, floors, names[i % len(names):] + names[:i % len(names)], climb_limit)
+        drive(r, lambda c: measure(*c), lambda: True)
+        for name in names:
+            run = r.result[name]
+            figures[name].append(run.ok_rps if run else 0.0)
+            p95_at[name].append(run.p95_ms if run else None)
     return figures, p95_at
 
 
