@@ -182,22 +182,24 @@ def versus_table(results: list[dict]) -> str:
         for i, (name, s) in enumerate(r["sides"].items()):
             case = f"{r['case']}, {objective}{noise}" if i == 0 else ""
             fig = _judged_figure(s, latency)
+            label = " ".join((s.get("winner") or "-").split())
             j = s.get("judged") or {}
             rounds = j.get("rounds_p95_ms") if latency else j.get("rounds_rps")
             judged = "-" if fig is None else (f"P95 {fig:,.1f} ms" if latency else f"{fig:,.0f}") + \
                 f" ({', '.join('-' if x is None else format(x, ',.1f' if latency else ',.0f') for x in rounds or [])})"
             if name == "model_analyzer":
                 side, tune = "Model Analyzer", f"{_s(s.get('search_s'))} (wall {_s(s.get('wall_s'))})"
-                written, best, ratio = s.get("winner") or "-", "", ""
+                written, best, ratio = label, "", ""
             else:
                 marks = [m for m, on in (("unconfirmed", not s["confirmed"]), ("kept the start", s["kept"])) if on]
                 side = name + (f" ({', '.join(marks)})" if marks else "")
                 tune = f"{_s(s['search_s'])} ({_s(s['search_proper_s'])})"
-                written = s["winner"] if s["written"] else "the start"
+                written = label if s["written"] else "the start"
                 bm = s.get("best_measured")
-                best = "-" if not bm else f"{'the same' if bm[0] == s['winner'] else bm[0]}, {bm[1]:,.0f}"
+                best = "-" if not bm else f"{'the same' if bm[0] == s['winner'] else ' '.join(bm[0].split())}, " \
+                    f"{bm[1]:,.0f}"
                 if s.get("differs_because"):
-                    best += f" ({s['differs_because']})"
+                    best += f" ({' '.join(s['differs_because'].split())})"
                 ratio = "; ".join([_ratio(fig, ma_fig, latency),
                                    f"{_frac(s['search_s'], ma_s)} ({_frac(s['search_proper_s'], ma_s)})"])
             lines.append(f"| {case} | {side} | {tune} | {s['measurements']} ({s['configs']}) | {written} | {best} "

@@ -327,6 +327,24 @@ def test_a_screen_round_that_no_config_held_still_ranks_them_side_by_side():
     assert true_edge(_batching(tuning.best.knobs)) > true_edge(start) * RULES.rate_step
 
 
+def test_of_configs_that_held_the_same_rate_the_written_one_is_the_best_measured():
+    """The best measured config is compared with the one written: a tie at the same rate is no
+    difference, whichever was measured first; a higher rate elsewhere is, and the report says why."""
+    from tritonkit.tuner.objective import Score, Tuning
+
+    search = Search(SimulatedTrials(), Objective(SLO_MS), bound=16, max_trials=TRIALS, log=lambda s: None)
+    start, winner = Knobs(16, 0, 1), Knobs(8, 0, 2)
+    search.held = {start: 3964.0, winner: 3964.0}
+    tuning = Tuning(Objective(SLO_MS), Score(start, 3964.0, 3964.0, None), Score(winner, 3964.0, 3964.0, None),
+                    None, 16)
+    search._best_measured(tuning)
+    assert tuning.best_measured == (winner.label(), 3964.0) and not tuning.differs_because
+    search.held[start] = 4558.6
+    tuning.best_measured, tuning.differs_because = None, ""
+    search._best_measured(tuning)
+    assert tuning.best_measured == (start.label(), 4558.6) and "within one rung" in tuning.differs_because
+
+
 class NeverConfirms(SimulatedTrials):
     """WORLD, except that no confirmation run holds: the winner's P95 there is twice the SLO, and the
     start's beside it three times (or, `start_faster`, 0.8 of it: clearly faster, past the noise)."""

@@ -279,9 +279,10 @@ class Search(Rates):
         def batching(x: Knobs) -> tuple[int, int, int]:
             return x.max_batch, x.delay_us, x.instances
 
-        k, rate = max(self.held.items(), key=lambda x: x[1])
-        tuning.best_measured = (k.label(), round(rate, 1))
         written = tuning.best.knobs
+        # of configs that held the same rate, the one written is the best measured: a tie is no reason
+        k, rate = max(self.held.items(), key=lambda x: (x[1], batching(x[0]) == batching(written)))
+        tuning.best_measured = (k.label(), round(rate, 1))
         if batching(k) != batching(written) and not tuning.differs_because:
             # the written config's own best verdict, whatever queue policy it carries now
             mine = max((r for x, r in self.held.items() if batching(x) == batching(written)),
