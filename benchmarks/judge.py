@@ -179,7 +179,7 @@ class JudgeRound:
             self.climbing[name] = run
             self.rate[name] = rate * JUDGE_STEP
         elif name in self.climbing or held:
-            self._done(name, self.climbing.get(name, run))
+            self._done(name, run if held else self.climbing[name])  # the last rate that held
         else:
             self.rate[name] = rate / JUDGE_STEP
 

@@ -1048,6 +1048,11 @@ def test_the_judge_ladder_scores_each_entrant_where_it_stops_holding():
     assert edges["a"] / JUDGE_STEP < figures["a"][0] <= edges["a"]
     assert edges["b"] / JUDGE_STEP < figures["b"][0] <= edges["b"]
     assert max(r for n, r in calls if n == "a") <= edges["a"] * JUDGE_STEP  # one missed rung above its edge
+    # one that still holds at the climb's limit scores that run, the last rate it held
+    calls.clear()
+    figures, _ = ladder({"a": 300.0}, {"a": 75.0}, 1, measure, log=lambda s: None, climb_limit=1.2)
+    assert [r for _, r in calls] == pytest.approx([300.0, 315.0, 330.75, 347.2875])
+    assert figures["a"] == pytest.approx([347.2875])
 
 
 def test_a_winner_that_batches_as_the_start_did_is_kept_not_a_change():
