@@ -181,3 +181,56 @@ def test_a_pipeline_whose_step_fails_names_the_step(tmp_path, onnx_models):
     print(message)
     assert message.startswith("model 'backbone' failed to load:"), message
     assert not _left_under(tmp_path / "state")
+
+
+def _crashing_model(repo: Path, crashes: int) -> None:
+    """A python-backend model whose first `crashes` loads kill the tritonserver loading it with
+    SIGABRT, as 2.51's python backend aborts on a lock_exception when stubs start together on a
+    busy box; later loads succeed."""
+    model = repo / "crasher"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(
+        'name: "crasher"\nbackend: "python"\nmax_batch_size: 0\n'
+        'input [{ name: "x" data_type: TYPE_FP32 dims: [1] }]\n'
+        'output [{ name: "y" data_type: TYPE_FP32 dims: [1] }]\n'
+        'instance_group [{ kind: KIND_CPU count: 1 }]\n')
+    (model / "1" / "model.py").write_text(f'''import os, signal
+from pathlib import Path
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        count = Path(__file__).parent / "crashes"
+        done = len(count.read_text()) if count.exists() else 0
+        if done < {crashes}:
+            count.write_text("x" * (done + 1))
+            os.kill(os.getppid(), signal.SIGABRT)
+
+    def execute(self, requests):
+        import triton_python_backend_utils as pb_utils
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())])
+                for r in requests]
+''')
+
+
+@pytest.mark.parametrize("crashes", [1, 2])
+def test_a_server_killed_while_loading_is_started_once_more(tmp_path, crashes):
+    """tritonserver killed by a signal while it loads, no model refused: started once more, and it
+    answers; the crashed run's log is kept beside the new one. Killed on both tries, the error says
+    how it exited and where its log is."""
+    from tritonkit.server import LocalTriton
+    from tritonkit.spec import ServerSpec
+
+    _crashing_model(tmp_path / "repo", crashes)
+    server = LocalTriton(tmp_path / "repo", ServerSpec(), tmp_path / "state", http_port=0, grpc_port=0,
+                         metrics_port=0, models=["crasher"])
+    if crashes == 1:
+        with server:
+            with Client(server.endpoints.grpc) as c:
+                out = c.infer("crasher", {"x": np.array([2.5], np.float32)})
+            assert out["y"].tolist() == [2.5]
+    else:
+        with pytest.raises(ServerError, match=r"exited with code -6 while starting.*full log"):
+            server.start()
+        assert server.proc is None  # the second server was stopped too
+    assert (tmp_path / "state" / "tritonserver.crashed-1.log").exists()

@@ -36,11 +36,19 @@ from tritonkit.spec import ServerSpec
 STATE_FILE = "server.json"
 
 
+class CrashedAtStart(ServerError):
+    """tritonserver was killed by a signal while loading its models, and refused none of them."""
+
+
 # The python backend's shared-memory region per stub, first size and each growth. Triton's own
 # 1 MB grows a step at a time as batched tensors of a few MB arrive together, and on 2.51 that
 # growth under concurrent requests can take the server down (SIGSEGV, boost lock_exception; Triton
 # issue 8882). Pages of /dev/shm are only used as written, so a larger region costs nothing idle.
 PYTHON_SHM_BYTES = 64 * 1024 * 1024
+# A tritonserver killed by a signal while its models load, none of them refused, is started once
+# more: 2.51's python backend can abort (a boost lock_exception) when several stubs start together
+# on a busy box, a race rather than anything the config or the user can fix.
+START_TRIES = 2
 DEFAULT_BACKEND_DIR = Path("/opt/tritonserver/backends")  # where a tritonserver looks without --backend-directory
 
 
@@ -333,6 +341,17 @@ class LocalTriton:
         return cmd
 
     def start(self) -> Endpoints:
+        for attempt in range(1, START_TRIES + 1):
+            try:
+                return self._start_once()
+            except CrashedAtStart:
+                if attempt == START_TRIES:
+                    raise
+                # the crashed server's log stays beside the next one's, for its reason
+                copy_file_atomic(self.log_path, self.log_path.with_name(f"tritonserver.crashed-{attempt}.log"))
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> Endpoints:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         install = prepare_backends(find_install(), self.state_dir)
         ports = self._choose_ports()
@@ -368,7 +387,8 @@ class LocalTriton:
         deadline = time.monotonic() + self.server.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServerError(self._start_failure())
+                crashed = self.proc.returncode < 0 and not self.failed_models()
+                raise (CrashedAtStart if crashed else ServerError)(self._start_failure())
             try:
                 with urllib.request.urlopen(url, timeout=1) as r:
                     if r.status == 200:
