@@ -77,8 +77,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
         if not results:
             raise InputError([Problem(str(a.out / "versus"), "--table", "no case's bench_versus.json under it",
                                       "give the --out of an earlier `tritonkit bench versus`")])
-        write_bytes_atomic(a.out / "versus" / "versus.md", (versus_table(results) + "\n").encode())
-        say(versus_table(results))
+        table = versus_table(results)
+        write_bytes_atomic(a.out / "versus" / "versus.md", (table + "\n").encode())
+        say(table)
         say(f"wrote {a.out / 'versus' / 'versus.md'}")
     elif a.what == "remote":
         rounds = 3 if a.rounds is None else a.rounds

@@ -182,7 +182,7 @@ def versus_table(results: list[dict]) -> str:
         for i, (name, s) in enumerate(r["sides"].items()):
             case = f"{r['case']}, {objective}{noise}" if i == 0 else ""
             fig = _judged_figure(s, latency)
-            label = " ".join((s.get("winner") or "-").split())
+            label = _one_line(s.get("winner") or "-")
             j = s.get("judged") or {}
             rounds = j.get("rounds_p95_ms") if latency else j.get("rounds_rps")
             judged = "-" if fig is None else (f"P95 {fig:,.1f} ms" if latency else f"{fig:,.0f}") + \
@@ -196,15 +196,19 @@ def versus_table(results: list[dict]) -> str:
                 tune = f"{_s(s['search_s'])} ({_s(s['search_proper_s'])})"
                 written = label if s["written"] else "the start"
                 bm = s.get("best_measured")
-                best = "-" if not bm else f"{'the same' if bm[0] == s['winner'] else ' '.join(bm[0].split())}, " \
-                    f"{bm[1]:,.0f}"
+                best = "-" if not bm else f"{'the same' if bm[0] == s['winner'] else _one_line(bm[0])}, {bm[1]:,.0f}"
                 if s.get("differs_because"):
-                    best += f" ({' '.join(s['differs_because'].split())})"
+                    best += f" ({_one_line(s['differs_because'])})"
                 ratio = "; ".join([_ratio(fig, ma_fig, latency),
                                    f"{_frac(s['search_s'], ma_s)} ({_frac(s['search_proper_s'], ma_s)})"])
             lines.append(f"| {case} | {side} | {tune} | {s['measurements']} ({s['configs']}) | {written} | {best} "
                          f"| {judged} | {ratio} |")
     return "\n".join(lines)
+
+
+def _one_line(text: str) -> str:
+    """A label or reason as one table cell: the aligned labels' runs of spaces as one."""
+    return " ".join(text.split())
 
 
 def _judged_figure(side: dict, latency: bool) -> float | None:
