@@ -234,3 +234,27 @@ def test_a_server_killed_while_loading_is_started_once_more(tmp_path, crashes):
             server.start()
         assert server.proc is None  # the second server was stopped too
     assert (tmp_path / "state" / "tritonserver.crashed-1.log").exists()
+
+
+def test_a_killed_servers_shared_memory_is_removed_when_it_is_stopped(tmp_path):
+    """A tritonserver killed outright leaves its python backend's /dev/shm regions behind (a clean
+    shutdown removes them): stopping it removes the regions its group was using, and only those."""
+    from tritonkit.server import SHM_DIR, LocalTriton, shm_regions
+    from tritonkit.spec import ServerSpec
+
+    _crashing_model(tmp_path / "repo", crashes=0)
+    server = LocalTriton(tmp_path / "repo", ServerSpec(), tmp_path / "state", http_port=0, grpc_port=0,
+                         metrics_port=0, models=["crasher"])
+    bystander = SHM_DIR / f"triton_python_backend_shm_region_bystander-{tmp_path.name}"
+    bystander.write_bytes(b"another server's")
+    try:
+        with server:
+            regions = shm_regions(server.proc.pid)
+            assert regions and all((SHM_DIR / r).exists() for r in regions), regions
+            server.proc.send_signal(signal.SIGKILL)
+            server.proc.wait(10)
+            assert all((SHM_DIR / r).exists() for r in regions)  # the kill left them
+        assert not any((SHM_DIR / r).exists() for r in regions)
+        assert bystander.exists()
+    finally:
+        bystander.unlink(missing_ok=True)

@@ -242,6 +242,24 @@ def stop_group(proc: subprocess.Popen, timeout: float) -> int | None:
     return proc.returncode
 
 
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "triton_python_backend_shm_region_"  # the python backend's, one per model instance
+
+
+def shm_regions(pgid: int) -> set[str]:
+    """The python backend's shared-memory regions in use by process group `pgid`: each stub is
+    started with its region's name. A server that shuts down removes its own; one killed (or one
+    whose stubs were) leaves them in /dev/shm, where they stay until the machine restarts."""
+    import psutil
+
+    regions = set()
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(p.pid) == pgid:
+                regions |= {arg for arg in p.info["cmdline"] or () if arg.startswith(SHM_PREFIX)}
+    return regions
+
+
 def watch_group(pgid: int) -> int:
     """Start the watchdog of process group `pgid`; returns the pipe's write end, held until stop()."""
     read_end, write_end = os.pipe()  # not inherited by other children (PEP 446)
@@ -472,7 +490,10 @@ class LocalTriton:
             return
         # The server was its own session leader, so its group id is its pid: the group's kill
         # reaches stubs left behind by a server that was killed rather than shut down.
+        regions = shm_regions(self.proc.pid)
         stop_group(self.proc, timeout)
+        for name in regions:  # what a killed group left behind; a clean shutdown removed them already
+            (SHM_DIR / name).unlink(missing_ok=True)
         if self._watchdog is not None:  # its job is done: let it exit
             os.close(self._watchdog)
             self._watchdog = None
