@@ -270,6 +270,10 @@ class AsyncClient(_Base):
     async def statistics(self, model: str) -> dict:
         return _as_dict(await self._call(self._c.get_inference_statistics, model))["model_stats"][0]
 
+    async def server_version(self) -> str:
+        md = await self._call(self._c.get_server_metadata)
+        return md["version"] if isinstance(md, dict) else md.version
+
     async def close(self) -> None:
         await self._c.close()
 

@@ -78,6 +78,9 @@ class Endpoint:
         self.breaker = breaker
         self.window = window
         self.client = None  # an AsyncClient, opened by the router inside its event loop
+        # Whether an attempt given up on may be cancelled on the wire (support.cancels_safely); until
+        # the server's version is known, no: Triton before 2.54 can crash on a cancelled request.
+        self.cancels_safely = False
         self._rtts: deque[float] = deque(maxlen=RTT_PINGS)
         self.live = True
         self.latencies: deque[float] = deque(maxlen=MAX_LATENCIES)  # client-side, successful attempts
@@ -135,7 +138,7 @@ class Endpoint:
         self.breaker.failure()
 
     def abandoned(self) -> None:
-        """A hedge that lost the race: cancelled, no verdict on the endpoint."""
+        """A hedge that lost the race: given up on, no verdict on the endpoint."""
         self.cancelled += 1
         self.breaker.release()
 

@@ -42,6 +42,7 @@ from tritonkit.clients.coalesce import SingleFlight, request_key
 from tritonkit.clients.endpoint import Endpoint, LatencyWindow
 from tritonkit.clients.errors import DeadlineExceededError, TritonRequestError, UnavailableError
 from tritonkit.errors import InputError, flag_problem, input_error
+from tritonkit.support import cancels_safely
 
 # The request itself is wrong: every endpoint would refuse it, so neither retry nor blame the endpoint.
 NOT_RETRYABLE = frozenset({"bad_input", "access_denied"})
@@ -162,6 +163,7 @@ class AsyncRouter:
         self._flight = SingleFlight() if coalesce else None
         self._rng = random.Random(seed)
         self._pinger: asyncio.Task | None = None
+        self._unfinished: set[asyncio.Task] = set()  # attempts given up on, left to finish (`_give_up`)
         self.requests = self.ok = self.routed = self.retries = self.hedges = self.explorations = 0
         self.errors: dict[str, int] = {}
 
@@ -173,14 +175,24 @@ class AsyncRouter:
         # whose connection setup is no part of the round trip
         await asyncio.gather(*(self._ping(ep, record=False) for ep in self.endpoints))
         await asyncio.gather(*(self._ping(ep) for ep in self.endpoints))
+        await asyncio.gather(*(self._learn_version(ep) for ep in self.endpoints))
         self._pinger = asyncio.create_task(self._ping_loop())
         return self
+
+    async def _learn_version(self, ep: Endpoint) -> None:
+        try:
+            version = await asyncio.wait_for(ep.client.server_version(), self.policy.ping_timeout_s)
+        except (TritonRequestError, asyncio.TimeoutError):
+            return  # unknown: never cancelled
+        ep.cancels_safely = cancels_safely(version)
 
     async def close(self) -> None:
         if self._pinger:
             self._pinger.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pinger
+        if self._unfinished:  # closing their channel would cancel them on the wire after all
+            await asyncio.wait(self._unfinished, timeout=self.policy.deadline_s)
         for ep in self.endpoints:
             if ep.client is not None:
                 with contextlib.suppress(Exception):
@@ -350,7 +362,7 @@ class AsyncRouter:
                 now = time.monotonic()
                 for task, att in list(pending.items()):
                     if now >= att.until:  # no answer in time: a timeout there, and the rest goes elsewhere
-                        task.cancel()
+                        self._give_up(task, att.ep)
                         pending.pop(task)
                         att.ep.failed_with("deadline", now - att.started, True)
                         last_error = DeadlineExceededError(f"{att.ep.url} gave no answer within "
@@ -363,7 +375,7 @@ class AsyncRouter:
                         launch(ep, now)
         finally:
             for task, att in pending.items():  # hedges that lost the race, or attempts left on an error
-                task.cancel()
+                self._give_up(task, att.ep)
                 att.ep.abandoned()
         if time.monotonic() >= deadline:
             raise DeadlineExceededError(f"no endpoint answered {model!r} within the deadline "
@@ -372,6 +384,15 @@ class AsyncRouter:
             raise last_error
         raise NoEndpointError("every endpoint's circuit breaker is open: "
                               + ", ".join(f"{ep.url} ({ep.breaker.state})" for ep in self.endpoints))
+
+    def _give_up(self, task: asyncio.Task, ep: Endpoint) -> None:
+        """Stop waiting for an attempt: cancelled where its server survives a cancelled request,
+        else left to finish unread (close() waits for it), at the cost of the work it still takes."""
+        if ep.cancels_safely:
+            task.cancel()
+        else:
+            self._unfinished.add(task)
+            task.add_done_callback(self._unfinished.discard)
 
     # -- what it knows ------------------------------------------------------------------------
     async def metadata(self, model: str) -> ModelMeta:

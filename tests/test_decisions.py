@@ -827,17 +827,27 @@ class Clock:
 
 
 class FakeEndpoint:
-    """An endpoint's client: answers after `latency_s` (or fails), counts what it got."""
+    """An endpoint's client: answers after `latency_s` (or fails), counts what it got and what was
+    cancelled on the way."""
 
-    def __init__(self, latency_s: float = 0.001, fail: bool = False):
-        self.latency_s, self.fail, self.calls = latency_s, fail, 0
+    def __init__(self, latency_s: float = 0.001, fail: bool = False, version: str = "2.54.0"):
+        self.latency_s, self.fail, self.version = latency_s, fail, version
+        self.calls = self.finished = self.cancelled = 0
 
     async def live(self) -> bool:
         return True
 
+    async def server_version(self) -> str:
+        return self.version
+
     async def infer(self, model, arrays, **kw):
         self.calls += 1
-        await asyncio.sleep(self.latency_s)
+        try:
+            await asyncio.sleep(self.latency_s)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        self.finished += 1
         if self.fail:
             raise UnavailableError("connection refused")
         return {"y": arrays["x"]}
@@ -1013,6 +1023,30 @@ def test_router_hedges_stay_within_their_budget():
     c = asyncio.run(go())
     assert c["ok"] == 100 and 19 <= c["hedges"] <= 20
     assert sum(f.calls for f in fakes.values()) == 100 + c["hedges"]
+
+
+@pytest.mark.parametrize("version, cancelled", [("2.51.0", False), ("2.54.0", True), (None, False)])
+def test_a_hedge_that_lost_is_cancelled_only_where_the_server_survives_it(version, cancelled):
+    """Triton before 2.54 can crash on a cancelled request: there the attempt that lost the race is
+    left to finish, unread, and the router's close waits for it; from 2.54 on it is cancelled. A
+    server whose version is unknown (no answer) is taken for one that does not survive it."""
+    class Unknown(FakeEndpoint):
+        async def server_version(self) -> str:
+            raise UnavailableError("no answer")
+
+    edge = FakeEndpoint(0.2, version=version or "") if version else Unknown(0.2)
+    fakes = {"edge:1": edge, "cloud:1": FakeEndpoint(0.001, version=version or "2.54.0")}
+
+    async def go():
+        policy = RouterPolicy(explore=0.0, hedge_budget=1.0, hedge_after_s=0.01, attempt_timeout_factor=0)
+        async with _router(list(fakes), policy, fakes=fakes) as r:
+            _measured(r, {"edge:1": 1.0, "cloud:1": 5.0}, {"edge:1": 0.2, "cloud:1": 5.0})  # edge first
+            out = await r.infer_routed("m", {"x": np.ones(2)})
+            return out, r.counters()
+
+    out, c = asyncio.run(go())
+    assert out.endpoint == "cloud:1" and c["hedges"] == 1 and c["endpoints"]["edge:1"]["cancelled"] == 1
+    assert (edge.cancelled, edge.finished) == ((1, 0) if cancelled else (0, 1))
 
 
 def test_the_judge_ladder_scores_each_entrant_where_it_stops_holding():
