@@ -81,6 +81,7 @@ class Endpoint:
         # Whether an attempt given up on may be cancelled on the wire (support.cancels_safely); until
         # the server's version is known, no: Triton before 2.54 can crash on a cancelled request.
         self.cancels_safely = False
+        self.version: str | None = None
         self._rtts: deque[float] = deque(maxlen=RTT_PINGS)
         self.live = True
         self.latencies: deque[float] = deque(maxlen=MAX_LATENCIES)  # client-side, successful attempts

@@ -71,6 +71,9 @@ class RouterPolicy:
     ping_interval_s: float = 0.5
     ping_timeout_s: float = 1.0
     window_s: float = 0.5  # how recent the service-time samples behind a P95 are (endpoint.py)
+    # close() waits this long for attempts left to finish on a server that cannot take their
+    # cancellation (`_give_up`); what is still out then is cancelled with the channel anyway
+    drain_s: float = 5.0
 
     @classmethod
     def from_flags(cls, deadline_ms: float, hedge: float, duplicates: float | None = None) -> RouterPolicy:
@@ -103,6 +106,7 @@ class RouterPolicy:
             ("ping_interval_s", self.ping_interval_s > 0, "seconds > 0"),
             ("ping_timeout_s", self.ping_timeout_s > 0, "seconds > 0"),
             ("window_s", self.window_s > 0, "seconds > 0"),
+            ("drain_s", self.drain_s >= 0, "seconds >= 0"),
         ]
         for name, ok, fix in checks:
             if not ok:
@@ -123,6 +127,7 @@ class _Attempt:
     ep: Endpoint
     started: float
     until: float  # give up on it at this time (monotonic)
+    given_up: bool = False  # its verdict was given when the router stopped waiting; none when it ends
 
 
 def parse_urls(text: str, flag: str = "--endpoints") -> list[str]:
@@ -180,10 +185,13 @@ class AsyncRouter:
         return self
 
     async def _learn_version(self, ep: Endpoint) -> None:
+        """Whether `ep` survives a cancelled request, from its version; unknown (no answer): not,
+        and asked again after its next good ping."""
         try:
             version = await asyncio.wait_for(ep.client.server_version(), self.policy.ping_timeout_s)
         except (TritonRequestError, asyncio.TimeoutError):
-            return  # unknown: never cancelled
+            return
+        ep.version = version
         ep.cancels_safely = cancels_safely(version)
 
     async def close(self) -> None:
@@ -192,7 +200,10 @@ class AsyncRouter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pinger
         if self._unfinished:  # closing their channel would cancel them on the wire after all
-            await asyncio.wait(self._unfinished, timeout=self.policy.deadline_s)
+            await asyncio.wait(self._unfinished, timeout=self.policy.drain_s)
+            for task in list(self._unfinished):
+                task.cancel()
+            await asyncio.gather(*self._unfinished, return_exceptions=True)
         for ep in self.endpoints:
             if ep.client is not None:
                 with contextlib.suppress(Exception):
@@ -214,6 +225,8 @@ class AsyncRouter:
             return
         if live:
             ep.observe_rtt(time.perf_counter() - t0)
+            if ep.version is None:
+                await self._learn_version(ep)
         else:
             ep.ping_failed()
 
@@ -306,18 +319,21 @@ class AsyncRouter:
             return now + p.hedge_after_s
         return now + ep.score() if ep.measured else math.inf
 
-    async def _send(self, ep: Endpoint, model: str, arrays: dict, kw: dict) -> dict[str, np.ndarray]:
+    async def _send(self, att: _Attempt, model: str, arrays: dict, kw: dict) -> dict[str, np.ndarray]:
+        ep = att.ep
         ep.sent += 1
         ep.in_flight += 1
         t0 = time.perf_counter()
         try:
             out = await ep.client.infer(model, arrays, **kw)
         except TritonRequestError as e:
-            ep.failed_with(e.kind, time.perf_counter() - t0, e.kind not in NOT_RETRYABLE)
+            if not att.given_up:
+                ep.failed_with(e.kind, time.perf_counter() - t0, e.kind not in NOT_RETRYABLE)
             raise
         finally:
             ep.in_flight -= 1
-        ep.succeeded(time.perf_counter() - t0)
+        if not att.given_up:
+            ep.succeeded(time.perf_counter() - t0)
         return out
 
     async def _route(self, model: str, arrays: dict, kw: dict, deadline: float) -> Routed:
@@ -329,9 +345,10 @@ class AsyncRouter:
 
         def launch(ep: Endpoint, now: float) -> None:
             tried.append(ep)
-            task = asyncio.ensure_future(self._send(ep, model, arrays, kw))
+            att = _Attempt(ep, now, min(deadline, now + self._attempt_timeout(ep)))
+            task = asyncio.ensure_future(self._send(att, model, arrays, kw))
             task.add_done_callback(_retrieve)
-            pending[task] = _Attempt(ep, now, min(deadline, now + self._attempt_timeout(ep)))
+            pending[task] = att
 
         try:
             while True:
@@ -362,7 +379,7 @@ class AsyncRouter:
                 now = time.monotonic()
                 for task, att in list(pending.items()):
                     if now >= att.until:  # no answer in time: a timeout there, and the rest goes elsewhere
-                        self._give_up(task, att.ep)
+                        self._give_up(task, att)
                         pending.pop(task)
                         att.ep.failed_with("deadline", now - att.started, True)
                         last_error = DeadlineExceededError(f"{att.ep.url} gave no answer within "
@@ -375,7 +392,7 @@ class AsyncRouter:
                         launch(ep, now)
         finally:
             for task, att in pending.items():  # hedges that lost the race, or attempts left on an error
-                self._give_up(task, att.ep)
+                self._give_up(task, att)
                 att.ep.abandoned()
         if time.monotonic() >= deadline:
             raise DeadlineExceededError(f"no endpoint answered {model!r} within the deadline "
@@ -385,10 +402,12 @@ class AsyncRouter:
         raise NoEndpointError("every endpoint's circuit breaker is open: "
                               + ", ".join(f"{ep.url} ({ep.breaker.state})" for ep in self.endpoints))
 
-    def _give_up(self, task: asyncio.Task, ep: Endpoint) -> None:
-        """Stop waiting for an attempt: cancelled where its server survives a cancelled request,
-        else left to finish unread (close() waits for it), at the cost of the work it still takes."""
-        if ep.cancels_safely:
+    def _give_up(self, task: asyncio.Task, att: _Attempt) -> None:
+        """Stop waiting for an attempt, whose verdict the caller gives now: cancelled where its
+        server survives a cancelled request, else left to finish unread and unjudged (close() waits
+        for it), at the cost of the work it still takes there."""
+        att.given_up = True
+        if att.ep.cancels_safely:
             task.cancel()
         else:
             self._unfinished.add(task)

@@ -1025,28 +1025,52 @@ def test_router_hedges_stay_within_their_budget():
     assert sum(f.calls for f in fakes.values()) == 100 + c["hedges"]
 
 
+class HeldEndpoint(FakeEndpoint):
+    """An endpoint that answers only once `release` is set (None as its version: it never says)."""
+
+    def __init__(self, version: str | None):
+        super().__init__(version=version or "")
+        self.release, self.says = asyncio.Event(), version is not None
+
+    async def server_version(self) -> str:
+        if not self.says:
+            raise UnavailableError("no answer")
+        return self.version
+
+    async def infer(self, model, arrays, **kw):
+        self.calls += 1
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        self.finished += 1
+        return {"y": arrays["x"]}
+
+
 @pytest.mark.parametrize("version, cancelled", [("2.51.0", False), ("2.54.0", True), (None, False)])
 def test_a_hedge_that_lost_is_cancelled_only_where_the_server_survives_it(version, cancelled):
     """Triton before 2.54 can crash on a cancelled request: there the attempt that lost the race is
-    left to finish, unread, and the router's close waits for it; from 2.54 on it is cancelled. A
-    server whose version is unknown (no answer) is taken for one that does not survive it."""
-    class Unknown(FakeEndpoint):
-        async def server_version(self) -> str:
-            raise UnavailableError("no answer")
-
-    edge = FakeEndpoint(0.2, version=version or "") if version else Unknown(0.2)
+    left to finish, unread and unjudged, and the router's close waits for it; from 2.54 on it is
+    cancelled. A server whose version is unknown (no answer) is taken for one that does not survive
+    it. Either way the loser counts once, as given up, never as an answer or a failure too."""
+    edge = HeldEndpoint(version)
     fakes = {"edge:1": edge, "cloud:1": FakeEndpoint(0.001, version=version or "2.54.0")}
 
     async def go():
-        policy = RouterPolicy(explore=0.0, hedge_budget=1.0, hedge_after_s=0.01, attempt_timeout_factor=0)
-        async with _router(list(fakes), policy, fakes=fakes) as r:
+        policy = RouterPolicy(explore=0.0, hedge_budget=1.0, hedge_after_s=0.0, attempt_timeout_factor=0)
+        r = _router(list(fakes), policy, fakes=fakes)
+        async with r:
             _measured(r, {"edge:1": 1.0, "cloud:1": 5.0}, {"edge:1": 0.2, "cloud:1": 5.0})  # edge first
             out = await r.infer_routed("m", {"x": np.ones(2)})
-            return out, r.counters()
+            edge.release.set()  # the loser may answer now: after the router stopped waiting for it
+        return out, r.counters()
 
     out, c = asyncio.run(go())
-    assert out.endpoint == "cloud:1" and c["hedges"] == 1 and c["endpoints"]["edge:1"]["cancelled"] == 1
+    assert out.endpoint == "cloud:1" and c["hedges"] == 1
     assert (edge.cancelled, edge.finished) == ((1, 0) if cancelled else (0, 1))
+    judged = c["endpoints"]["edge:1"]
+    assert (judged["cancelled"], judged["ok"], judged["failed"], judged["breaker"]) == (1, 0, 0, "closed")
 
 
 def test_the_judge_ladder_scores_each_entrant_where_it_stops_holding():
