@@ -10,8 +10,12 @@ falls on all of them alike:
 
 - queue_policy: Triton alone, the config as written (its priority levels and queue policies);
 - gateway_fixed: Envoy in front of the policy-free copy, its circuit breaker at the in-flight
-  limit Little's law gives at the claim (configs/gateway.py), its route timeout the SLO;
-- gateway_adaptive: the same with Envoy's adaptive concurrency filter moving the limit;
+  limit Little's law gives at the claim with room for Poisson bursts, L + 3 sqrt(L)
+  (configs/gateway.py), its route timeout the SLO where Triton survives cancellations;
+- gateway_little: the same at L alone, L = claim x P95 there: under overload the breaker keeps the
+  whole limit in flight, so room above L is wait above what the claim measured;
+- gateway_adaptive: gateway_fixed behind Envoy's adaptive concurrency filter, which moves the limit
+  to keep the P95 it samples at 0.9 of the SLO (configs/gateway.py `adaptive_target_ms`);
 - client_throttle: no gateway; the client refuses locally by the SRE formula (clients/throttle.py)
   and sends each request with the SLO as its gRPC deadline.
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -62,7 +67,7 @@ from tritonkit.support import cancels_safely
 FACTORS = (0.8, 1.5, 2.0, 3.0)
 RUNS = 3
 INTERACTIVE_SHARE = 0.25
-APPROACHES = ("queue_policy", "gateway_fixed", "gateway_adaptive", "client_throttle")
+APPROACHES = ("queue_policy", "gateway_fixed", "gateway_little", "gateway_adaptive", "client_throttle")
 THROTTLE_K = 2.0  # the SRE book's suggestion
 # Triton's queues see the priority; on the policy-free copy (no priority levels) both classes are
 # priority 0 and the gateway tells them apart by the class header run_load sends.
@@ -152,35 +157,40 @@ class Approach:
     throttled: bool = False
 
 
-async def _send(a: Approach, load: Load, slo_ms: float, seed: int) -> Outcome:
+async def _send(a: Approach, load: Load, slo_ms: float, seed: int, throttle_k: float = THROTTLE_K) -> Outcome:
     if not a.throttled:
         return await run_load(a.url, a.model, load, a.classes, seed=seed)
     async with AsyncClient(a.url) as client:
-        target = ThrottledClient(client, AdaptiveThrottle(THROTTLE_K), slo_ms / 1000)
+        target = ThrottledClient(client, AdaptiveThrottle(throttle_k), slo_ms / 1000)
         return await run_load(a.url, a.model, load, a.classes, seed=seed, target=target)
 
 
 @contextlib.contextmanager
-def _gateways(grpc_port: int, limits: GatewayLimits, folder: Path, cpus: set[int] | None):
-    """Two Envoys in front of the server's gRPC port, fixed and adaptive, on the server's cores."""
+def _gateways(grpc_port: int, limits: dict[str, GatewayLimits], folder: Path, cpus: set[int] | None):
+    """An Envoy per named limits in front of the server's gRPC port, on the server's cores."""
     with contextlib.ExitStack() as stack:
         started = {}
         with pinned(cpus):  # a child keeps the affinity it was started with
-            for name, adaptive in (("gateway_fixed", False), ("gateway_adaptive", True)):
+            for name, own in limits.items():
                 port, admin = free_port(), free_port()
                 config = folder / f"{name}.json"
-                write_gateway(config, bootstrap(port, Upstream(grpc_port=grpc_port), admin,
-                                                GatewayLimits(limits.max_requests, limits.max_requests_high,
-                                                              limits.timeout_ms, adaptive)))
+                write_gateway(config, bootstrap(port, Upstream(grpc_port=grpc_port), admin, own))
                 envoy = stack.enter_context(LocalEnvoy(config, admin, folder / f"{name}.log"))
                 started[name] = (f"127.0.0.1:{port}", envoy)
         yield started
 
 
+def gateway_limits(claim_rps: float, p95_ms: float, deadline_ms: float | None, slo_ms: float) -> dict:
+    """Each gateway approach's limits, from the claim and the P95 measured there."""
+    at_claim = (claim_rps, p95_ms, deadline_ms, INTERACTIVE_SHARE)
+    return {"gateway_fixed": GatewayLimits.from_claim(*at_claim),
+            "gateway_little": GatewayLimits.from_claim(*at_claim, burst_sds=0),
+            "gateway_adaptive": GatewayLimits.from_claim(*at_claim, adaptive_slo_ms=slo_ms)}
+
+
 def _approaches(direct: str, name: str, free: str, gateways: dict) -> list[Approach]:
     return [Approach("queue_policy", direct, name, CLASSES),
-            Approach("gateway_fixed", gateways["gateway_fixed"][0], free, FREE_CLASSES),
-            Approach("gateway_adaptive", gateways["gateway_adaptive"][0], free, FREE_CLASSES),
+            *(Approach(g, url, free, FREE_CLASSES) for g, (url, _) in gateways.items()),
             Approach("client_throttle", direct, free, FREE_CLASSES, throttled=True)]
 
 
@@ -215,7 +225,7 @@ def median_row(runs: list[dict]) -> dict:
 
 async def _bench_config(r, label: str, names: tuple[str, str], slo_ms: float, seconds: float, runs: int,
                         folder: Path, server_cpus: set[int] | None, generator_cpus: set[int] | None,
-                        log: Callable[[str], None]) -> dict:
+                        log: Callable[[str], None], throttle_k: float = THROTTLE_K) -> dict:
     name, free = names
     direct = r.endpoints.grpc
     with pinned(generator_cpus):
@@ -228,8 +238,9 @@ async def _bench_config(r, label: str, names: tuple[str, str], slo_ms: float, se
     # (support.cancels_safely); elsewhere the in-flight limit alone bounds the wait
     with r.client() as c:
         deadline = slo_ms if cancels_safely(c.server_version()) else None
-    limits = GatewayLimits.from_claim(rate, claim["claim_p95_ms"], deadline, INTERACTIVE_SHARE)
-    log(f"  gateway limits: {limits.describe()}")
+    limits = gateway_limits(rate, claim["claim_p95_ms"], deadline, slo_ms)
+    for g, own in limits.items():
+        log(f"  {g}: {own.describe()}")
     with _gateways(r.endpoints.grpc_port, limits, folder, server_cpus) as gateways, pinned(generator_cpus):
         approaches = _approaches(direct, name, free, gateways)
         meter = CpuMeter({"server": r.server.proc.pid},
@@ -240,7 +251,7 @@ async def _bench_config(r, label: str, names: tuple[str, str], slo_ms: float, se
                 for a in approaches:
                     meter.reset()
                     load = Load(rate=f * rate, duration_s=seconds, warmup_s=1.0, drain_s=DRAIN_S)
-                    out = await _send(a, load, slo_ms, seed=run)
+                    out = await _send(a, load, slo_ms, seed=run, throttle_k=throttle_k)
                     cpu = meter.percent()
                     own = {"server": cpu["server"], "generator": cpu["generator"],
                            "gateway": cpu.get(a.name, 0.0)}  # the Envoy this approach went through
@@ -254,8 +265,7 @@ async def _bench_config(r, label: str, names: tuple[str, str], slo_ms: float, se
             f"{added['gateway']['p50_ms']:.2f} ms, P95 {added['direct']['p95_ms']:.2f} -> "
             f"{added['gateway']['p95_ms']:.2f} ms")
     summary = {a: {f: median_row(fr) for f, fr in by_factor.items()} for a, by_factor in rows.items()}
-    return {**claim, "limits": {"max_requests": limits.max_requests, "max_requests_high": limits.max_requests_high,
-                                "timeout_ms": limits.timeout_ms},
+    return {**claim, "limits": {g: dataclasses.asdict(own) for g, own in limits.items()},
             "approaches": summary, "runs": rows, "added_latency": added}
 
 
@@ -294,7 +304,8 @@ def format_table(label: str, result: dict) -> list[str]:
 
 
 def run_overload_bench(configs: dict[str, Spec], model: str, repo: Path, state_dir: Path, out_dir: Path, *,
-                       seconds: float = 4.0, runs: int = RUNS, log: Callable[[str], None] = print) -> dict:
+                       seconds: float = 4.0, runs: int = RUNS, throttle_k: float = THROTTLE_K,
+                       log: Callable[[str], None] = print) -> dict:
     """`configs`: label -> resolved spec (the spec as written, the tuned one). One server serves
     every variant; each is measured in turn."""
     first = next(iter(configs.values()))
@@ -311,7 +322,7 @@ def run_overload_bench(configs: dict[str, Spec], model: str, repo: Path, state_d
     server_cpus, generator_cpus = split_cores()
     result = {"schema": SCHEMA, "kind": "bench/overload", "model": model, "slo_p95_ms": slo_ms,
               "factors": list(FACTORS), "runs": runs, "approaches": list(APPROACHES),
-              "interactive_share": INTERACTIVE_SHARE, "throttle_k": THROTTLE_K,
+              "interactive_share": INTERACTIVE_SHARE, "throttle_k": throttle_k,
               "server_cpus": sorted(server_cpus or []), "generator_cpus": sorted(generator_cpus or []),
               "configs": {}}
     log(f"server and gateways on cores {sorted(server_cpus or [])}, load generator on {sorted(generator_cpus or [])}")
@@ -327,7 +338,7 @@ def run_overload_bench(configs: dict[str, Spec], model: str, repo: Path, state_d
                 "policy": policy_label(m.batching), "instances": m.instances.count,
                 "tuned_in_flight": m.admission.max_in_flight,
                 **asyncio.run(_bench_config(r, label, names[label], slo_ms, seconds, runs, folder, server_cpus,
-                                            generator_cpus, log))}
+                                            generator_cpus, log, throttle_k))}
     for label, res in result["configs"].items():
         for line in format_table(label, res):
             log(line)

@@ -27,6 +27,8 @@ from tritonkit.files import write_bytes_atomic
 from tritonkit.spec import Spec
 from tritonkit.support import cancels_safely
 
+ADAPTIVE_SHARE = 0.9  # of the SLO, where the adaptive filter's P95 should settle (`adaptive_target_ms`)
+RTT_BUFFER = 25.0  # percent over the minimum RTT the gradient tolerates (Envoy's default, set explicitly)
 BURST_SDS = 3  # room above the mean in flight: a limit there refuses about 1 request in 1000 at the claim
 CLASS_HEADER = "x-tritonkit-class"  # the request class a client sends; "interactive" takes the HIGH route
 UPSTREAM = "triton"  # its gRPC port
@@ -35,12 +37,23 @@ UPSTREAM_PROBE = "triton_probe"  # the same HTTP port, outside admission
 UPSTREAM_METRICS = "triton_metrics"
 
 
-def in_flight_limit(rate_rps: float, time_ms: float) -> int:
+def in_flight_limit(rate_rps: float, time_ms: float, burst_sds: float = BURST_SDS) -> int:
     """Little's law with room for bursts: L = rate x time requests are in flight on average, and
     under Poisson arrivals their count is itself Poisson (mean and variance L), so the limit is
-    L + BURST_SDS x sqrt(L). A limit of L alone refuses a good share of a load at the rate it holds."""
+    L + burst_sds x sqrt(L). The room admits the claim's bursts; under overload the breaker keeps
+    the whole limit in flight, and each answer waits about limit / throughput, so room above L is
+    wait above the time measured at the claim (`bench overload` compares both)."""
     mean = rate_rps * time_ms / 1000
-    return max(1, math.ceil(mean + BURST_SDS * math.sqrt(mean)))
+    return max(1, math.ceil(mean + burst_sds * math.sqrt(mean)))
+
+
+def adaptive_target_ms(slo_ms: float, limit: int) -> float:
+    """The P95 to give Envoy's gradient so that it settles at ADAPTIVE_SHARE of the SLO. Each update
+    sets limit' = g x limit + sqrt(g x limit), g = target / sampled P95, so a steady limit L has
+    g x L = x with x + sqrt(x) = L: the sampled P95 settles at target x L / x, above the target (by
+    a sixth at L = 40, by 42% at L = 8). `limit` (the fixed one, the claim's scale) stands for L."""
+    x = ((math.sqrt(1 + 4 * limit) - 1) / 2) ** 2
+    return ADAPTIVE_SHARE * slo_ms * x / limit
 
 
 @dataclass(frozen=True)
@@ -51,20 +64,28 @@ class GatewayLimits:
     max_requests_high: int  # interactive traffic in flight (the HIGH threshold)
     timeout_ms: float | None  # a request not answered by then is cancelled and refused; None: no deadline
     adaptive: bool = False  # Envoy's adaptive concurrency filter in front of the fixed limit
+    # The P95 the adaptive filter steers to (`adaptive_target_ms`). Envoy's own is its minimum RTT
+    # (sampled at one request in flight) plus 25%, which a batching server meets only far below its
+    # throughput; None keeps that.
+    target_p95_ms: float | None = None
 
     def describe(self) -> str:
         deadline = f"deadline {self.timeout_ms:g} ms" if self.timeout_ms else "no deadline"
-        return f"{self.max_requests} in flight (interactive {self.max_requests_high}), {deadline}"
+        adaptive = ""
+        if self.adaptive:
+            adaptive = f", adaptive to P95 {self.target_p95_ms:g} ms" if self.target_p95_ms else ", adaptive"
+        return f"{self.max_requests} in flight (interactive {self.max_requests_high}), {deadline}{adaptive}"
 
     @classmethod
     def from_claim(cls, claim_rps: float, p95_ms: float, slo_ms: float | None, interactive_share: float = 0.0,
-                   adaptive: bool = False) -> GatewayLimits:
+                   burst_sds: float = BURST_SDS, adaptive_slo_ms: float | None = None) -> GatewayLimits:
         """`in_flight_limit` at the claim's rate and the P95 measured there (a bound on most
         requests' time in the server). Interactive traffic gets its share, at least one, on its own
-        threshold."""
-        in_flight = in_flight_limit(claim_rps, p95_ms)
+        threshold. `slo_ms`: the deadline; `adaptive_slo_ms`: the adaptive filter on, for this SLO."""
+        in_flight = in_flight_limit(claim_rps, p95_ms, burst_sds)
         high = max(1, math.ceil(in_flight * interactive_share)) if interactive_share else in_flight
-        return cls(in_flight, high, slo_ms, adaptive)
+        target = adaptive_target_ms(adaptive_slo_ms, in_flight) if adaptive_slo_ms else None
+        return cls(in_flight, high, slo_ms, adaptive=bool(adaptive_slo_ms), target_p95_ms=target)
 
 
 def limits_for(spec: Spec, models: list[str], triton_version: str) -> GatewayLimits:
@@ -85,7 +106,8 @@ def limits_for(spec: Spec, models: list[str], triton_version: str) -> GatewayLim
                                   "run `tritonkit tune` for each model (it writes one to tuned.yaml), or set "
                                   "server.gateway.max_in_flight")])
     high = max(1, math.ceil(limit * g.interactive_share)) if g.interactive_share else limit
-    return GatewayLimits(limit, high, timeout, g.adaptive)
+    target = adaptive_target_ms(min(slos), limit) if g.adaptive and slos else None
+    return GatewayLimits(limit, high, timeout, g.adaptive, target)
 
 
 @dataclass(frozen=True)
@@ -106,6 +128,20 @@ CONTROL_PREFIXES = ("/inference.GRPCInferenceService/Repository", "/inference.GR
 CONTROL_REGEX = r"/v2/models(/[^/]+(/versions/[^/]+)?)?/stats"  # HTTP statistics, per model or of all
 # What the probe listener forwards to Triton's HTTP and metrics ports; anything else there is a 404.
 PROBE_PATHS = ("/v2/health/ready", "/v2/health/live")
+
+
+def _min_rtt(adaptive, envoy_type, target_p95_ms: float | None):
+    """The gradient's reference: with a target, a fixed minimum RTT that puts minRTT + buffer on it
+    (no sampling window, during which Envoy would admit one request at a time), in whole ms as
+    Envoy keeps it, rounded down; else sampled at one in flight every 30 s. One in flight is also
+    the floor of the limit it computes (Envoy's default floor is 3)."""
+    buffer = envoy_type.Percent(value=RTT_BUFFER)
+    if target_p95_ms:
+        fixed = timedelta(milliseconds=max(1, math.floor(target_p95_ms / (1 + RTT_BUFFER / 100))))
+        return adaptive.GradientControllerConfigMinimumRttCalculationParams(fixed_value=fixed, buffer=buffer,
+                                                                            min_concurrency=1)
+    return adaptive.GradientControllerConfigMinimumRttCalculationParams(
+        interval=timedelta(seconds=30), request_count=50, min_concurrency=1, buffer=buffer)
 
 
 def bootstrap(listen_port: int, upstream: Upstream | int, admin_port: int, limits: GatewayLimits,
@@ -163,8 +199,7 @@ def bootstrap(listen_port: int, upstream: Upstream | int, admin_port: int, limit
             concurrency_limit_params=adaptive.GradientControllerConfigConcurrencyLimitCalculationParams(
                 max_concurrency_limit=max(limits.max_requests, limits.max_requests_high),
                 concurrency_update_interval=timedelta(milliseconds=100)),
-            min_rtt_calc_params=adaptive.GradientControllerConfigMinimumRttCalculationParams(
-                interval=timedelta(seconds=30), request_count=50, min_concurrency=1))
+            min_rtt_calc_params=_min_rtt(adaptive, envoy_type, limits.target_p95_ms))
         filters.append(hcm.HttpFilter(name="envoy.filters.http.adaptive_concurrency", typed_config=Any.pack(
             adaptive.AdaptiveConcurrency(gradient_controller_config=gradient))))
     router_filter = hcm.HttpFilter(name="envoy.filters.http.router", typed_config=Any.pack(router.Router()))

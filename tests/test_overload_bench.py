@@ -37,3 +37,15 @@ def test_the_runs_of_one_load_are_summed_up_by_their_median_and_spread():
     assert m["interactive_within_ratio"] is None  # nothing to say, not a zero
     assert m["cpu_percent"] == {"server": 51.0, "gateway": 5.0, "generator": 30.0}
     assert m["generator_limited_runs"] == 1
+
+
+def test_the_gateways_differ_only_in_room_and_the_adaptive_filter():
+    """At the claim (1,000 req/s, P95 20 ms: L = 20): the fixed gateway with room for Poisson bursts,
+    the Little's-law one at L, the adaptive one over the fixed limit; each an approach of the bench."""
+    from tritonkit.benchmarks.overload import APPROACHES, gateway_limits
+
+    limits = gateway_limits(1000, 20, None, 25)
+    assert set(limits) < set(APPROACHES)
+    assert (limits["gateway_fixed"].max_requests, limits["gateway_little"].max_requests) == (34, 20)
+    assert limits["gateway_adaptive"].max_requests == 34 and limits["gateway_adaptive"].target_p95_ms < 22.5
+    assert not limits["gateway_fixed"].adaptive and not limits["gateway_little"].adaptive
