@@ -66,9 +66,10 @@ def test_the_deadline_is_the_slo_only_where_triton_survives_cancelled_requests(t
     assert limits_for(loaded, ["m"], "2.51.0").timeout_ms is None
     spec["server"]["gateway"]["timeout_ms"] = 50
     assert limits_for(load_spec(write_spec(tmp_path, spec)), ["m"], "2.51.0").timeout_ms == 50
-    assert limits_for(loaded, ["m"], "2.51.0").target_p95_ms is None  # no adaptive filter, no target
-    spec["server"]["gateway"]["adaptive"] = True  # it steers by the tightest SLO and the limit
-    assert limits_for(load_spec(write_spec(tmp_path, spec)), ["m"], "2.51.0").target_p95_ms == adaptive_target_ms(30, 8)
+    # the adaptive filter, on by default, steers by the tightest SLO and the limit; off, no target
+    assert limits_for(loaded, ["m"], "2.51.0").target_p95_ms == adaptive_target_ms(30, 8)
+    spec["server"]["gateway"]["adaptive"] = False
+    assert limits_for(load_spec(write_spec(tmp_path, spec)), ["m"], "2.51.0").target_p95_ms is None
 
 
 @pytest.mark.parametrize("adaptive", [None, "sampled", "target"])
