@@ -17,7 +17,6 @@ import psutil
 import pytest
 
 from tests.conftest import tritonkit, write_spec
-from tritonkit.server import SHM_DIR
 
 pytestmark = pytest.mark.server
 
@@ -109,22 +108,15 @@ def _wait_for_server(kit: subprocess.Popen, state: Path, timeout: float = 120) -
 ], ids=["serve", "loadtest"])
 def test_a_killed_kit_command_leaves_no_server_behind(workdir, command):
     """SIGKILL (or the OOM killer) gives the kit no chance to stop its server: the server goes
-    with it all the same, and its python-backend stubs follow, within 5 s; so does the shared
-    memory they left in /dev/shm."""
+    with it all the same, and its python-backend stubs follow, within 5 s."""
     write_spec(workdir, SMALL)
     kit = _kit(workdir, *command)
     family = _wait_for_server(kit, workdir / "state")
-    prefix = next(a.split("=", 2)[2] for a in family[0].cmdline() if "shm-region-prefix-name=" in a)
-    assert list(SHM_DIR.glob(f"{prefix}*"))
     kit.kill()
     kit.wait(10)
     gone, alive = psutil.wait_procs(family, timeout=5)
     alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"outlived the killed command by 5 s: {[(p.pid, p.name()) for p in alive]}"
-    deadline = time.monotonic() + 5
-    while list(SHM_DIR.glob(f"{prefix}*")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not list(SHM_DIR.glob(f"{prefix}*")), "the killed server's shared memory outlived it by 5 s"
 
 
 def test_port_in_use_is_one_clear_message(workdir):

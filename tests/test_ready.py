@@ -238,9 +238,8 @@ def test_a_server_killed_while_loading_is_started_once_more(tmp_path, crashes):
 
 def test_a_killed_servers_shared_memory_is_removed_when_it_is_stopped(tmp_path):
     """A tritonserver killed outright leaves its python backend's /dev/shm regions behind (a clean
-    shutdown removes them). Its regions carry a prefix of its own: stopping it removes them, even
-    once its stubs are gone too, and nothing of another server's."""
-    from tritonkit.server import SHM_DIR, LocalTriton
+    shutdown removes them): stopping it removes the regions its group was using, and only those."""
+    from tritonkit.server import SHM_DIR, LocalTriton, shm_regions
     from tritonkit.spec import ServerSpec
 
     _crashing_model(tmp_path / "repo", crashes=0)
@@ -250,15 +249,12 @@ def test_a_killed_servers_shared_memory_is_removed_when_it_is_stopped(tmp_path):
     bystander.write_bytes(b"another server's")
     try:
         with server:
-            prefix = server._shm_prefix
-            assert list(SHM_DIR.glob(f"{prefix}*")), "the server's regions carry its prefix"
-            leader = psutil.Process(server.proc.pid)
-            group = [leader, *leader.children(recursive=True)]
-            for p in group:  # the server and its stub, as an OOM kill or a crash leaves them
-                p.send_signal(signal.SIGKILL)
-            psutil.wait_procs(group, timeout=10)
-            assert list(SHM_DIR.glob(f"{prefix}*")), "the kill left them"
-        assert not list(SHM_DIR.glob(f"{prefix}*"))
+            regions = shm_regions(server.proc.pid)
+            assert regions and all((SHM_DIR / r).exists() for r in regions), regions
+            server.proc.send_signal(signal.SIGKILL)
+            server.proc.wait(10)
+            assert all((SHM_DIR / r).exists() for r in regions)  # the kill left them
+        assert not any((SHM_DIR / r).exists() for r in regions)
         assert bystander.exists()
     finally:
         bystander.unlink(missing_ok=True)

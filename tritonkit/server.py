@@ -214,19 +214,13 @@ def _stub_env(install: Install) -> dict[str, str]:
 # closes the pipe however the kit ends (exit, SIGKILL, the OOM killer); the watchdog then kills
 # the server's whole process group, python-backend stubs included, so no server outlives the kit.
 WATCHDOG = """
-import glob, os, signal, sys, time
+import os, signal, sys
 while os.read(0, 1):
     pass
 try:
     os.killpg(int(sys.argv[1]), signal.SIGKILL)
 except OSError:
     pass
-time.sleep(1)  # the stubs go with the group; then what they left
-for path in glob.glob("/dev/shm/" + sys.argv[2] + "*") if len(sys.argv) > 2 else ():
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 """
 
 
@@ -249,28 +243,28 @@ def stop_group(proc: subprocess.Popen, timeout: float) -> int | None:
 
 
 SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "triton_python_backend_shm_region_"  # the python backend's, one per model instance
 
 
-def shm_prefix() -> str:
-    """A name prefix of the python backend's shared-memory regions (one per model instance) that
-    is this server's alone. A server that shuts down removes its regions; one killed (or whose
-    stubs were) leaves them in /dev/shm until the machine restarts, so whoever stops it removes
-    what has its prefix (`remove_shm`, and the watchdog)."""
-    return f"tritonkit_{secrets.token_hex(6)}_"
+def shm_regions(pgid: int) -> set[str]:
+    """The python backend's shared-memory regions in use by process group `pgid`: each stub is
+    started with its region's name. A server that shuts down removes its own; one killed (or one
+    whose stubs were) leaves them in /dev/shm, where they stay until the machine restarts."""
+    import psutil
+
+    regions = set()
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(p.pid) == pgid:
+                regions |= {arg for arg in p.info["cmdline"] or () if arg.startswith(SHM_PREFIX)}
+    return regions
 
 
-def remove_shm(prefix: str) -> None:
-    for path in SHM_DIR.glob(f"{prefix}*"):
-        path.unlink(missing_ok=True)
-
-
-def watch_group(pgid: int, shm: str | None = None) -> int:
-    """Start the watchdog of process group `pgid`, which also removes the shared memory named
-    with the prefix `shm`; returns the pipe's write end, held until stop()."""
+def watch_group(pgid: int) -> int:
+    """Start the watchdog of process group `pgid`; returns the pipe's write end, held until stop()."""
     read_end, write_end = os.pipe()  # not inherited by other children (PEP 446)
     try:
-        subprocess.Popen([sys.executable, "-I", "-S", "-c", WATCHDOG, str(pgid), *([shm] if shm else [])],
-                         stdin=read_end,
+        subprocess.Popen([sys.executable, "-I", "-S", "-c", WATCHDOG, str(pgid)], stdin=read_end,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     finally:
         os.close(read_end)
@@ -317,7 +311,6 @@ class LocalTriton:
                        "metrics_port": metrics_port if metrics_port is not None else server.metrics_port}
         self.proc: subprocess.Popen | None = None
         self._watchdog: int | None = None  # see WATCHDOG
-        self._shm_prefix = shm_prefix()
         self.endpoints: Endpoints | None = None
         self.log_path = self.state_dir / "tritonserver.log"
 
@@ -353,7 +346,6 @@ class LocalTriton:
             f"--log-verbose={self.log_verbose}",
             f"--backend-config=python,shm-default-byte-size={PYTHON_SHM_BYTES}",
             f"--backend-config=python,shm-growth-byte-size={PYTHON_SHM_BYTES}",
-            f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}",
         ]
         cmd += [f"--load-model={name}" for name in self.models]
         if self.restricted:
@@ -390,7 +382,7 @@ class LocalTriton:
             log.close()
         if self.cpus:
             os.sched_setaffinity(self.proc.pid, self.cpus)  # before any model loads: the stubs inherit it
-        self._watchdog = watch_group(self.proc.pid, self._shm_prefix)
+        self._watchdog = watch_group(self.proc.pid)
         self.endpoints = Endpoints(self.server.host, ports["http_port"], ports["grpc_port"], ports["metrics_port"],
                                    key[0], key[1], self.proc.pid)
         try:
@@ -498,8 +490,10 @@ class LocalTriton:
             return
         # The server was its own session leader, so its group id is its pid: the group's kill
         # reaches stubs left behind by a server that was killed rather than shut down.
+        regions = shm_regions(self.proc.pid)
         stop_group(self.proc, timeout)
-        remove_shm(self._shm_prefix)  # what a killed group left behind; a clean shutdown removed it already
+        for name in regions:  # what a killed group left behind; a clean shutdown removed them already
+            (SHM_DIR / name).unlink(missing_ok=True)
         if self._watchdog is not None:  # its job is done: let it exit
             os.close(self._watchdog)
             self._watchdog = None
