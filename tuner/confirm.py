@@ -11,7 +11,7 @@ from tritonkit.server_traits import ServerTraits
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs
 from tritonkit.tuner.ladder import down_from
-from tritonkit.tuner.noise import faster_in_pairs, majority
+from tritonkit.tuner.noise import Noise, faster_in_pairs, majority, start_stands
 from tritonkit.tuner.objective import Objective, Score, Tuning
 from tritonkit.tuner.pooled import pooled, pooled_verdict
 from tritonkit.tuner.protect import Budget, classes_for, measured_overhead_ms, overload_holds, protect, tightened
@@ -27,6 +27,8 @@ class Search(Protocol):
     rules: Rules
     traits: ServerTraits | None
     log: Callable[[str], None]
+    noise: Noise  # the run-to-run noise measured so far
+    held: dict[Knobs, float]  # the highest rate each config held by a verdict
 
     @property
     def final_left(self) -> int: ...  # trials left in the whole budget
@@ -62,22 +64,36 @@ def protect_and_confirm(search: Search, tuning: Tuning, cm: CostModel) -> None:
     confirmed = confirm(search.t, candidates, rate, step_down=not search.obj.rps,
                         limit=search.final_left, objective=search.obj, rules=search.rules, beside=beside, pairs=pairs)
     tuning.beside_start = [(search.p95(w), search.p95(b)) for w, b in pairs]
-    tuning.start_faster_beside = faster_in_pairs(tuning.beside_start, search.noise.log_sd, search.rules) is False
-    if pairs:
-        search.log(f"  beside the start: P95 {pairs_text(tuning.beside_start)} ms "
-                   f"({'the winner stands' if tuning.beat_start else 'the start was clearly faster in most'}; "
-                   f"pairs within {search.rules.clear:g} SDs of the noise decide nothing)")
     if confirmed is not None:
         tuning.best, tuning.confirmed = confirmed, True
         if confirmed.knobs.instances != best.knobs.instances:
             tuning.differs_because = (f"{best.knobs.label()} won the search; its protective queue policy runs "
                                       f"{confirmed.knobs.instances} instances, as the probe found a bounded queue "
                                       "stalls the batcher on fewer")
-    if beside is not None and not tuning.beat_start:
-        # the start was faster beside the winner: never write a config slower than it
-        tuning.differs_because = f"{best.knobs.label()} was clearly slower than the start in most runs beside it " \
-                                 "at the confirmation"
+    if not pairs:
+        return
+    start_held = held(search, tuning.baseline.knobs)
+    winner_held = max(held(search, best.knobs), confirmed.rate or 0.0 if confirmed else 0.0)
+    clearly = faster_in_pairs(tuning.beside_start, search.noise.log_sd, search.rules)
+    tuning.start_stands_beside = start_stands(tuning.beside_start, search.noise.log_sd, start_held, winner_held,
+                                              search.rules)
+    if clearly is not None:
+        why = f"{best.knobs.label()} was clearly {'faster' if clearly else 'slower'} than the start in most runs " \
+              "beside it at the confirmation"
+    else:
+        why = (f"within the noise beside it at the confirmation; the start held {start_held:.0f} req/s on its own, "
+               f"{best.knobs.label()} {winner_held:.0f}")
+    search.log(f"  beside the start: P95 {pairs_text(tuning.beside_start)} ms: {why}; "
+               + ("the start stands" if tuning.start_stands_beside else "the winner stands"))
+    if tuning.start_stands_beside:
+        # no paired evidence that the winner beat the start: never write a change it did not earn
+        tuning.differs_because = why
         tuning.best, tuning.confirmed = tuning.baseline, False
+
+
+def held(search: Search, k: Knobs) -> float:
+    """The highest rate a config batching as `k` does held by a verdict in this search, 0 if none."""
+    return max((r for x, r in search.held.items() if x.schedule == k.schedule), default=0.0)
 
 
 def lower_and_confirm(search: Search, tuning: Tuning) -> None:

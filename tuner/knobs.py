@@ -50,6 +50,12 @@ class Knobs:
         return self.max_batch > 0
 
     @property
+    def schedule(self) -> tuple[int, int, int]:
+        """How it batches (max batch, delay, instances), whatever queue policy it carries: what a
+        search's verdicts compare, as the policy is set after the search."""
+        return self.max_batch, self.delay_us, self.instances
+
+    @property
     def items(self) -> int:
         """Requests one execution serves at most (1 without a batch axis)."""
         return max(1, self.max_batch)

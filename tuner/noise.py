@@ -11,6 +11,8 @@ therefore rests on repeated runs, judged against the measured run-to-run noise.
 - A candidate beats the incumbent only in interleaved runs (C I I C: a machine that drifts
   linearly over the four runs hits both sides alike), when it is faster in every pair and its
   mean gain is larger than the noise of that mean.
+- A search's winner replaces the start only where it beat the start beside it at the confirmation:
+  a tie there leaves the start, when the start held as much on its own (`start_stands`).
 """
 
 from __future__ import annotations
@@ -82,6 +84,21 @@ def faster_in_pairs(pairs: list[tuple[float, float]], log_sd: float, rules: Rule
             decided.append(gap > 0)
     a_wins, b_wins = sum(decided), len(decided) - sum(decided)
     return None if a_wins == b_wins else a_wins > b_wins
+
+
+def start_stands(pairs: list[tuple[float, float]], log_sd: float, start_held: float, winner_held: float,
+                 rules: Rules = RULES) -> bool:
+    """Whether the start, not the search's winner, is what to write, from the confirmation's pairs
+    beside it, (winner P95, start P95), and the highest rate each held by a verdict on its own. A
+    change is right only where the winner beat the start: the start stands where it was clearly
+    faster in more pairs (`faster_in_pairs`), and on a tie within the noise where it was no slower
+    in at least half the pairs and held at least the winner's rate itself (a screen run the winner
+    passed by luck, then walked down from, is no evidence against a start that held more)."""
+    clearly = faster_in_pairs(pairs, log_sd, rules)
+    if clearly is not None:
+        return not clearly
+    start_as_fast = sum(s <= w for w, s in pairs)
+    return bool(pairs) and 2 * start_as_fast >= len(pairs) and start_held >= winner_held
 
 
 def majority(verdicts: list[bool], rules: Rules = RULES, final: bool = False) -> bool | None:

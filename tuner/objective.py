@@ -67,19 +67,17 @@ class Tuning:
     # the confirmation's runs of the winner and of the start beside it, at the same rates:
     # (winner P95, start P95), math.inf for a run that failed outright
     beside_start: list[tuple[float, float]] = field(default_factory=list)
-    # those pairs' verdict (`noise.faster_in_pairs`, with the machine's noise): the start clearly
-    # faster in more of them than the winner
-    start_faster_beside: bool = False
+    # those pairs' verdict (`noise.start_stands`): the winner did not beat the start beside it, and
+    # the start is what is written
+    start_stands_beside: bool = False
     predicts: bool = True  # the cost model could rank candidates (else the space was screened blind)
 
     @property
     def beat_start(self) -> bool:
-        """The winner stands unless the start was clearly faster beside it in more pairs than the
-        winner was: the screen already compared them side by side, so pairs within the noise, or a
-        split, leave the search's verdict (no pairs run: what the search found)."""
+        """The winner stands beside the start (no pairs run: what the search found)."""
         if not self.beside_start:
             return not self.kept and self.best.passed
-        return not self.start_faster_beside
+        return not self.start_stands_beside
 
     @property
     def written(self) -> bool:
@@ -91,5 +89,4 @@ class Tuning:
     def kept(self) -> bool:
         """The winner batches as the start config did (max batch, delay, instances): the search moved
         nothing, whatever queue policy it adds."""
-        a, b = self.baseline.knobs, self.best.knobs
-        return (a.max_batch, a.delay_us, a.instances) == (b.max_batch, b.delay_us, b.instances)
+        return self.baseline.knobs.schedule == self.best.knobs.schedule

@@ -276,16 +276,13 @@ class Search(Rates):
         the noise, a start that held its own beside the winner)."""
         if self.obj.rps or not self.held:
             return
-        def batching(x: Knobs) -> tuple[int, int, int]:
-            return x.max_batch, x.delay_us, x.instances
-
         written = tuning.best.knobs
         # of configs that held the same rate, the one written is the best measured: a tie is no reason
-        k, rate = max(self.held.items(), key=lambda x: (x[1], batching(x[0]) == batching(written)))
+        k, rate = max(self.held.items(), key=lambda x: (x[1], x[0].schedule == written.schedule))
         tuning.best_measured = (k.label(), round(rate, 1))
-        if batching(k) != batching(written) and not tuning.differs_because:
+        if k.schedule != written.schedule and not tuning.differs_because:
             # the written config's own best verdict, whatever queue policy it carries now
-            mine = max((r for x, r in self.held.items() if batching(x) == batching(written)),
+            mine = max((r for x, r in self.held.items() if x.schedule == written.schedule),
                        default=tuning.best.rate or 0.0)
             tuning.differs_because = (
                 f"{k.label()} held {rate:.0f} req/s once, {written.label()} {mine:.0f}: "

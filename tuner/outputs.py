@@ -184,7 +184,7 @@ def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial],
     if tuning.beside_start:
         pairs = ", ".join(f"{_ms(w)} vs {_ms(s)}" for w, s in tuning.beside_start)
         lines += [f"Beside the start, at the same rates in the same minutes: P95 {pairs} ms (winner vs start); "
-                  + ("the winner stands." if tuning.beat_start else "the start was clearly faster in most."), ""]
+                  + ("the winner stands." if tuning.beat_start else "the start stands."), ""]
     if tuning.best_measured:
         label, rate = tuning.best_measured
         lines += [f"Best measured: {label} held {rate:.0f} req/s. "
