@@ -7,7 +7,8 @@ SLO. Interactive requests (a `x-tritonkit-class: interactive` header)
 take a route of priority HIGH, whose threshold is separate, so a flood of bulk traffic never
 refuses them. The route timeout is the deadline: a request still unanswered then is cancelled
 upstream and answered with an error, never late. With `adaptive`, Envoy's adaptive concurrency
-filter moves the limit with the latency it measures (a Jetson's thermal limits move capacity).
+filter moves the bulk limit with the latency it measures (a Jetson's thermal limits move capacity);
+interactive requests and model control skip it.
 
 The config is built from `envoy-data-plane` (Envoy's protobuf API as Python classes), the way
 `config.pbtxt` is built from Triton's protobuf: a field Envoy does not have fails here, not when
@@ -31,6 +32,7 @@ ADAPTIVE_SHARE = 0.9  # of the SLO, where the adaptive filter's P95 should settl
 RTT_BUFFER = 25.0  # percent over the minimum RTT the gradient tolerates (Envoy's default, set explicitly)
 BURST_SDS = 3  # room above the mean in flight: a limit there refuses about 1 request in 1000 at the claim
 CLASS_HEADER = "x-tritonkit-class"  # the request class a client sends; "interactive" takes the HIGH route
+ADAPTIVE_FILTER = "envoy.filters.http.adaptive_concurrency"
 UPSTREAM = "triton"  # its gRPC port
 UPSTREAM_HTTP = "triton_http"
 UPSTREAM_PROBE = "triton_probe"  # the same HTTP port, outside admission
@@ -180,16 +182,23 @@ def bootstrap(listen_port: int, upstream: Upstream | int, admin_port: int, limit
     interactive = header(CLASS_HEADER, exact="interactive")
     deadline = timedelta(milliseconds=limits.timeout_ms or 0)  # 0: none (Envoy's default is 15 s)
     protocols = [(UPSTREAM, [grpc])] + ([(UPSTREAM_HTTP, [])] if up.http_port else [])
+    # The adaptive filter bounds bulk traffic alone: HIGH routes skip it (their own threshold bounds
+    # them), so a flood it refuses never refuses interactive requests or model control, and their
+    # load still lowers the limit it leaves the bulk.
+    skip_adaptive = {ADAPTIVE_FILTER: Any.pack(route.FilterConfig(disabled=True))} if limits.adaptive else {}
     routes = []
     for name, by_protocol in protocols:  # gRPC first: the HTTP routes match whatever is left
         control = route.RouteAction(cluster=name, timeout=timedelta(0), priority=core.RoutingPriority.HIGH)
         for prefix in CONTROL_PREFIXES:
-            routes.append(route.Route(match=route.RouteMatch(prefix=prefix, headers=by_protocol), route=control))
+            routes.append(route.Route(match=route.RouteMatch(prefix=prefix, headers=by_protocol), route=control,
+                                      typed_per_filter_config=skip_adaptive))
         routes.append(route.Route(match=route.RouteMatch(safe_regex=matcher.RegexMatcher(regex=CONTROL_REGEX),
-                                                         headers=by_protocol), route=control))
+                                                         headers=by_protocol), route=control,
+                                  typed_per_filter_config=skip_adaptive))
         routes.append(route.Route(match=route.RouteMatch(prefix="/", headers=by_protocol + [interactive]),
                                   route=route.RouteAction(cluster=name, timeout=deadline,
-                                                          priority=core.RoutingPriority.HIGH)))
+                                                          priority=core.RoutingPriority.HIGH),
+                                  typed_per_filter_config=skip_adaptive))
         routes.append(route.Route(match=route.RouteMatch(prefix="/", headers=by_protocol), route=route.RouteAction(
             cluster=name, timeout=deadline, priority=core.RoutingPriority.DEFAULT)))
     filters = []
@@ -200,7 +209,7 @@ def bootstrap(listen_port: int, upstream: Upstream | int, admin_port: int, limit
                 max_concurrency_limit=max(limits.max_requests, limits.max_requests_high),
                 concurrency_update_interval=timedelta(milliseconds=100)),
             min_rtt_calc_params=_min_rtt(adaptive, envoy_type, limits.target_p95_ms))
-        filters.append(hcm.HttpFilter(name="envoy.filters.http.adaptive_concurrency", typed_config=Any.pack(
+        filters.append(hcm.HttpFilter(name=ADAPTIVE_FILTER, typed_config=Any.pack(
             adaptive.AdaptiveConcurrency(gradient_controller_config=gradient))))
     router_filter = hcm.HttpFilter(name="envoy.filters.http.router", typed_config=Any.pack(router.Router()))
 

@@ -179,6 +179,39 @@ def test_interactive_requests_have_their_own_threshold(gated):
     assert all(s == "OK" for s, _ in interactive), interactive  # ... and interactive traffic got through
 
 
+def test_the_adaptive_filter_refuses_bulk_alone(gated):
+    """An adaptive gateway steered to a 1 ms P95 (the slow model takes longer: its limit sits at its
+    floor of one in flight) refuses most of a bulk flood, yet every interactive request sent beside
+    it, and the statistics read through it, pass: HIGH routes skip the filter."""
+    import tritonclient.grpc as grpcclient
+
+    from tritonkit.gateway import LocalEnvoy
+
+    _, gw = gated
+    e, port, admin = gw.server, free_port(), free_port()
+    write(gw.root / "adaptive.json", bootstrap(port, Upstream(e.grpc_port, e.http_port), admin,
+                                               GatewayLimits(8, 2, 5000.0, adaptive=True, target_p95_ms=1.0)))
+    with LocalEnvoy(gw.root / "adaptive.json", admin, gw.root / "adaptive.log") as adaptive:
+        url = f"127.0.0.1:{port}"
+
+        async def both():
+            bulk = asyncio.ensure_future(_flood(url, 24))
+            await asyncio.sleep(0.005)
+            interactive = await _flood(url, 2, headers={CLASS_HEADER: "interactive"})
+            return await bulk, interactive
+
+        bulk, interactive = asyncio.run(both())
+        assert sum("UNAVAILABLE" in s for s, _ in bulk) >= 12, bulk  # the filter held bulk near its floor ...
+        assert all(s == "OK" for s, _ in interactive), interactive  # ... and let interactive traffic by
+        stats = grpcclient.InferenceServerClient(url).get_inference_statistics("slow", as_json=True)
+        assert stats["model_stats"][0]["name"] == "slow"
+        deadline = time.monotonic() + 15  # the filter's own count of what it refused (merged each second)
+        while not (blocked := adaptive.stats().get(
+                "http.ingress.adaptive_concurrency.gradient_controller.rq_blocked", 0)) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert blocked >= 12
+
+
 def test_statistics_ride_the_control_route_not_the_inference_limit(gated):
     """Triton's statistics (what a load test and `tune --url` read around each run) are answered by
     a gateway whose inference threshold admits nothing at all (a second Envoy in front of the same
