@@ -196,8 +196,7 @@ class Client(_Base):
         return stats["model_stats"][0]
 
     def server_version(self) -> str:
-        md = self._call(self._c.get_server_metadata)
-        return md["version"] if isinstance(md, dict) else md.version
+        return _as_dict(self._call(self._c.get_server_metadata))["version"]
 
     def load(self, model: str, config: mc.ModelConfig | None = None, files: dict[str, bytes] | None = None) -> None:
         """Load or reload a model; with `config`, Triton uses it instead of the file's config; with
@@ -271,8 +270,7 @@ class AsyncClient(_Base):
         return _as_dict(await self._call(self._c.get_inference_statistics, model))["model_stats"][0]
 
     async def server_version(self) -> str:
-        md = await self._call(self._c.get_server_metadata)
-        return md["version"] if isinstance(md, dict) else md.version
+        return _as_dict(await self._call(self._c.get_server_metadata))["version"]
 
     async def close(self) -> None:
         await self._c.close()
