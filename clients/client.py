@@ -17,10 +17,15 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import np_to_triton_dtype
 
-from tritonkit.clients.errors import BadInputError, classify
+from tritonkit.clients.errors import BadInputError, DeadlineExceededError, classify
 from tritonkit.clients.padding import crop_outputs, pad_request
 from tritonkit.input_rules import InputRule
 from tritonkit.inputs import Sampler, crop_from_config, rules_from_config, sampler_for
+
+# A load that never ends (a python-backend stub that never finishes initialising) would hold a tune,
+# a sweep or the demo behind it for good; past this it is an error naming the model. Generous: a
+# TensorRT engine of gigabytes deserialises in tens of seconds.
+LOAD_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -198,15 +203,24 @@ class Client(_Base):
     def server_version(self) -> str:
         return _as_dict(self._call(self._c.get_server_metadata))["version"]
 
-    def load(self, model: str, config: mc.ModelConfig | None = None, files: dict[str, bytes] | None = None) -> None:
+    def load(self, model: str, config: mc.ModelConfig | None = None, files: dict[str, bytes] | None = None,
+             timeout_s: float = LOAD_TIMEOUT_S) -> None:
         """Load or reload a model; with `config`, Triton uses it instead of the file's config; with
-        `files` ("1/model.onnx" -> bytes, and `config`), the model need not be in the server's repository."""
+        `files` ("1/model.onnx" -> bytes, and `config`), the model need not be in the server's repository.
+        A load still unanswered after `timeout_s` raises DeadlineExceededError naming the model (over
+        HTTP, the client's network timeout bounds it too)."""
         kw: dict[str, Any] = {"headers": self.key_headers}
         if config is not None:
             kw["config"] = json_format.MessageToJson(config, preserving_proto_field_name=True)
         if files:
             kw["files"] = {f"file:{name}": data for name, data in files.items()}
-        self._call(self._c.load_model, model, **kw)
+        if self.protocol == "grpc":
+            kw["client_timeout"] = timeout_s
+        try:
+            self._call(self._c.load_model, model, **kw)
+        except DeadlineExceededError:
+            raise DeadlineExceededError(f"{model} did not finish loading within {timeout_s:g} s: the server "
+                                        "may still be loading it (see its log)", "DEADLINE_EXCEEDED") from None
         self._meta_cache.pop(model, None)
 
     def unload(self, model: str) -> None:

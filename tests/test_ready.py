@@ -258,3 +258,31 @@ def test_a_killed_servers_shared_memory_is_removed_when_it_is_stopped(tmp_path):
         assert bystander.exists()
     finally:
         bystander.unlink(missing_ok=True)
+
+
+def test_a_load_that_never_finishes_is_an_error_naming_the_model(tmp_path):
+    """A python-backend model whose reload never finishes initialising (its stub sleeps): the load
+    is an error naming the model and the bound within that bound, not a hang; the server is
+    stopped by its own pid after it."""
+    from tritonkit.clients.errors import DeadlineExceededError
+    from tritonkit.server import LocalTriton
+    from tritonkit.spec import ServerSpec
+
+    _crashing_model(tmp_path / "repo", crashes=0)
+    model_py = tmp_path / "repo" / "crasher" / "1" / "model.py"
+    model_py.write_text(model_py.read_text().replace(
+        "    def initialize(self, args):\n",
+        "    def initialize(self, args):\n"
+        "        if (Path(__file__).parent / 'stuck').exists():\n"
+        "            import time\n"
+        "            time.sleep(3600)\n"))
+    server = LocalTriton(tmp_path / "repo", ServerSpec(), tmp_path / "state", http_port=0, grpc_port=0,
+                         metrics_port=0, models=["crasher"])
+    with server:
+        (model_py.parent / "stuck").write_text("")
+        with Client(server.endpoints.grpc, key_headers=server.endpoints.key_headers) as c:
+            t0 = time.monotonic()
+            with pytest.raises(DeadlineExceededError, match=r"crasher did not finish loading within 3 s"):
+                c.load("crasher", timeout_s=3)
+            assert time.monotonic() - t0 < 60  # the bound, not the stub's hour
+    assert not server.alive()
