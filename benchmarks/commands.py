@@ -13,7 +13,7 @@ from tritonkit.benchmarks.footprint import run_footprint
 from tritonkit.benchmarks.generators import AGREEMENT_ROUNDS, run_bench
 from tritonkit.benchmarks.mix_bench import run_mix_bench
 from tritonkit.benchmarks.model_analyzer import require_model_analyzer
-from tritonkit.benchmarks.overload import THROTTLE_K, run_overload_bench
+from tritonkit.benchmarks.overload import APPROACHES, THROTTLE_K, run_overload_bench
 from tritonkit.benchmarks.peer_bench import MA_WALL_S, run_peer_bench
 from tritonkit.benchmarks.remote import run_remote_bench
 from tritonkit.benchmarks.routing import BenchSettings, run_routing_bench
@@ -109,7 +109,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
                              ("--throttle-k", a.throttle_k >= 1, "K below 1 refuses what the server accepts; "
                                                                  "use 1 or more, e.g. 2")])
         run_overload_bench(configs, model.name, a.out / "overload_repo", a.state_dir, a.out,
-                           seconds=a.seconds, runs=a.runs, throttle_k=a.throttle_k, log=say)
+                           seconds=a.seconds, runs=a.runs, throttle_k=a.throttle_k,
+                           approaches=tuple(a.approach or APPROACHES), log=say)
         say(f"wrote {a.out / 'bench_overload.json'}")
     elif a.what == "buckets":
         raise_flag_problems([("--runs", a.runs >= 1, "measure each way at least once, e.g. 3"),
@@ -219,6 +220,8 @@ def register(sub) -> None:
     sp.add_argument("--instances", type=int, default=1, help="serving: instances of the served model")
     sp.add_argument("--runs", type=int, default=3, help="routing: step runs (edge slows down, then recovers); "
                                                                  "overload: runs per approach and load")
+    sp.add_argument("--approach", action="append", choices=APPROACHES,
+                    help="overload: measure only this approach (repeat for more; default: all five)")
     sp.add_argument("--throttle-k", type=float, default=THROTTLE_K,
                     help="overload: the client throttle's K, the ratio of requests sent to requests accepted "
                          "it allows (default %(default)g, the SRE book's)")

@@ -188,10 +188,11 @@ def gateway_limits(claim_rps: float, p95_ms: float, deadline_ms: float | None, s
             "gateway_adaptive": GatewayLimits.from_claim(*at_claim, adaptive_slo_ms=slo_ms)}
 
 
-def _approaches(direct: str, name: str, free: str, gateways: dict) -> list[Approach]:
-    return [Approach("queue_policy", direct, name, CLASSES),
-            *(Approach(g, url, free, FREE_CLASSES) for g, (url, _) in gateways.items()),
-            Approach("client_throttle", direct, free, FREE_CLASSES, throttled=True)]
+def _approaches(direct: str, name: str, free: str, gateways: dict, chosen: tuple[str, ...]) -> list[Approach]:
+    every = [Approach("queue_policy", direct, name, CLASSES),
+             *(Approach(g, url, free, FREE_CLASSES) for g, (url, _) in gateways.items()),
+             Approach("client_throttle", direct, free, FREE_CLASSES, throttled=True)]
+    return [a for a in every if a.name in chosen]
 
 
 async def _added_latency(direct: Approach, gateway: Approach, rate: float, seconds: float) -> dict:
@@ -225,7 +226,8 @@ def median_row(runs: list[dict]) -> dict:
 
 async def _bench_config(r, label: str, names: tuple[str, str], slo_ms: float, seconds: float, runs: int,
                         folder: Path, server_cpus: set[int] | None, generator_cpus: set[int] | None,
-                        log: Callable[[str], None], throttle_k: float = THROTTLE_K) -> dict:
+                        log: Callable[[str], None], throttle_k: float = THROTTLE_K,
+                        chosen: tuple[str, ...] = APPROACHES) -> dict:
     name, free = names
     direct = r.endpoints.grpc
     with pinned(generator_cpus):
@@ -242,7 +244,7 @@ async def _bench_config(r, label: str, names: tuple[str, str], slo_ms: float, se
     for g, own in limits.items():
         log(f"  {g}: {own.describe()}")
     with _gateways(r.endpoints.grpc_port, limits, folder, server_cpus) as gateways, pinned(generator_cpus):
-        approaches = _approaches(direct, name, free, gateways)
+        approaches = _approaches(direct, name, free, gateways, chosen)
         meter = CpuMeter({"server": r.server.proc.pid},
                          {"generator": os.getpid(), **{n: e.proc.pid for n, (_, e) in gateways.items()}})
         rows: dict[str, dict[str, list[dict]]] = {a.name: {str(f): [] for f in FACTORS} for a in approaches}
@@ -305,9 +307,10 @@ def format_table(label: str, result: dict) -> list[str]:
 
 def run_overload_bench(configs: dict[str, Spec], model: str, repo: Path, state_dir: Path, out_dir: Path, *,
                        seconds: float = 4.0, runs: int = RUNS, throttle_k: float = THROTTLE_K,
-                       log: Callable[[str], None] = print) -> dict:
+                       approaches: tuple[str, ...] = APPROACHES, log: Callable[[str], None] = print) -> dict:
     """`configs`: label -> resolved spec (the spec as written, the tuned one). One server serves
-    every variant; each is measured in turn."""
+    every variant; each is measured in turn, by `approaches` (each gateway is started whichever run:
+    the added latency is measured through the fixed one)."""
     first = next(iter(configs.values()))
     slo_ms = first.model(model).slo.p95_ms
     if slo_ms is None:
@@ -321,7 +324,7 @@ def run_overload_bench(configs: dict[str, Spec], model: str, repo: Path, state_d
     generate(served, repo)
     server_cpus, generator_cpus = split_cores()
     result = {"schema": SCHEMA, "kind": "bench/overload", "model": model, "slo_p95_ms": slo_ms,
-              "factors": list(FACTORS), "runs": runs, "approaches": list(APPROACHES),
+              "factors": list(FACTORS), "runs": runs, "approaches": list(approaches),
               "interactive_share": INTERACTIVE_SHARE, "throttle_k": throttle_k,
               "server_cpus": sorted(server_cpus or []), "generator_cpus": sorted(generator_cpus or []),
               "configs": {}}
@@ -338,7 +341,7 @@ def run_overload_bench(configs: dict[str, Spec], model: str, repo: Path, state_d
                 "policy": policy_label(m.batching), "instances": m.instances.count,
                 "tuned_in_flight": m.admission.max_in_flight,
                 **asyncio.run(_bench_config(r, label, names[label], slo_ms, seconds, runs, folder, server_cpus,
-                                            generator_cpus, log, throttle_k))}
+                                            generator_cpus, log, throttle_k, approaches))}
     for label, res in result["configs"].items():
         for line in format_table(label, res):
             log(line)
