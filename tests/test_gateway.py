@@ -138,6 +138,14 @@ async def _flood(url: str, n: int, headers: dict | None = None) -> list[tuple[st
         await client.close()
 
 
+async def _bulk_and_interactive(url: str) -> tuple[list, list]:
+    """A bulk flood of 24, and 2 interactive requests sent while it is in flight: each one's outcome."""
+    bulk = asyncio.ensure_future(_flood(url, 24))
+    await asyncio.sleep(0.005)
+    interactive = await _flood(url, 2, headers={CLASS_HEADER: "interactive"})
+    return await bulk, interactive
+
+
 def _overflows(stats: dict) -> int:  # over max_requests, or over max_pending while a stream opens
     return sum(stats.get(f"cluster.triton.upstream_rq_{k}_overflow", 0) for k in ("pending", "active"))
 
@@ -166,14 +174,7 @@ def test_the_excess_is_refused_at_once_and_nothing_admitted_is_lost(gated):
 
 def test_interactive_requests_have_their_own_threshold(gated):
     url, _ = gated
-
-    async def both():
-        bulk = asyncio.ensure_future(_flood(url, 24))
-        await asyncio.sleep(0.005)
-        interactive = await _flood(url, 2, headers={CLASS_HEADER: "interactive"})
-        return await bulk, interactive
-
-    bulk, interactive = asyncio.run(both())
+    bulk, interactive = asyncio.run(_bulk_and_interactive(url))
     gated[1].refused_so_far += sum("UNAVAILABLE" in s for s, _ in bulk + interactive)
     assert any("UNAVAILABLE" in s for s, _ in bulk)  # the bulk flood overflowed its threshold ...
     assert all(s == "OK" for s, _ in interactive), interactive  # ... and interactive traffic got through
@@ -193,14 +194,7 @@ def test_the_adaptive_filter_refuses_bulk_alone(gated):
                                                GatewayLimits(8, 2, 5000.0, adaptive=True, target_p95_ms=1.0)))
     with LocalEnvoy(gw.root / "adaptive.json", admin, gw.root / "adaptive.log") as adaptive:
         url = f"127.0.0.1:{port}"
-
-        async def both():
-            bulk = asyncio.ensure_future(_flood(url, 24))
-            await asyncio.sleep(0.005)
-            interactive = await _flood(url, 2, headers={CLASS_HEADER: "interactive"})
-            return await bulk, interactive
-
-        bulk, interactive = asyncio.run(both())
+        bulk, interactive = asyncio.run(_bulk_and_interactive(url))
         assert sum("UNAVAILABLE" in s for s, _ in bulk) >= 12, bulk  # the filter held bulk near its floor ...
         assert all(s == "OK" for s, _ in interactive), interactive  # ... and let interactive traffic by
         stats = grpcclient.InferenceServerClient(url).get_inference_statistics("slow", as_json=True)
