@@ -83,12 +83,12 @@ def protect_and_confirm(search: Search, tuning: Tuning, cm: CostModel) -> None:
     else:
         why = (f"within the noise beside it at the confirmation; the start held {start_held:.0f} req/s on its own, "
                f"{best.knobs.label()} {winner_held:.0f}")
+    tuning.beside_why = why
     search.log(f"  beside the start: P95 {pairs_text(tuning.beside_start)} ms: {why}; "
                + ("the start stands" if tuning.start_stands_beside else "the winner stands"))
     if tuning.start_stands_beside:
         # no paired evidence that the winner beat the start: never write a change it did not earn
-        tuning.differs_because = why
-        tuning.best, tuning.confirmed = tuning.baseline, False
+        tuning.best, tuning.confirmed, tuning.differs_because = tuning.baseline, False, ""
 
 
 def held(search: Search, k: Knobs) -> float:

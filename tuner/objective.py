@@ -70,6 +70,7 @@ class Tuning:
     # those pairs' verdict (`noise.start_stands`): the winner did not beat the start beside it, and
     # the start is what is written
     start_stands_beside: bool = False
+    beside_why: str = ""  # what decided it: the clear pairs, or a tie and the rates each held alone
     predicts: bool = True  # the cost model could rank candidates (else the space was screened blind)
 
     @property

@@ -63,6 +63,8 @@ def log_json(model: str, tuning: Tuning, trials: list[Trial], seconds: float, ab
         {"label": tuning.best_measured[0], "rate": tuning.best_measured[1]},
         "differs_because": tuning.differs_because,
         "beside_start": [[None if math.isinf(w) else w, None if math.isinf(b) else b] for w, b in tuning.beside_start],
+        "beside_start_verdict": None if not tuning.beside_start else {
+            "start_stands": tuning.start_stands_beside, "why": tuning.beside_why},
         "stopped_because": tuning.stopped_because,
         "overload": [t.to_json() for t in tuning.overload],
         "policy_note": tuning.policy_note,
@@ -184,7 +186,7 @@ def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial],
     if tuning.beside_start:
         pairs = ", ".join(f"{_ms(w)} vs {_ms(s)}" for w, s in tuning.beside_start)
         lines += [f"Beside the start, at the same rates in the same minutes: P95 {pairs} ms (winner vs start); "
-                  + ("the winner stands." if tuning.beat_start else "the start stands."), ""]
+                  + f"{tuning.beside_why}: " + ("the winner stands." if tuning.beat_start else "the start stands."), ""]
     if tuning.best_measured:
         label, rate = tuning.best_measured
         lines += [f"Best measured: {label} held {rate:.0f} req/s. "
