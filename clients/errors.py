@@ -96,6 +96,10 @@ def classify(exc: BaseException) -> TritonRequestError:
     for needles, cls in _PATTERNS:
         if any(n in text for n in needles):
             return cls(message, status)
+    if status == "StatusCode.CANCELLED":
+        # the kit's own cancellations end as asyncio's CancelledError, never as a status: this one is
+        # the server's (or Envoy's) abandoning a request in flight, as a Triton shutting down does
+        return UnavailableError(f"the server cancelled the request ({message}): it was going down", status)
     if isinstance(exc, (ConnectionError, OSError)):
         return UnavailableError(str(exc) or type(exc).__name__)
     return TritonRequestError(message or type(exc).__name__, status)

@@ -288,6 +288,18 @@ def test_http_and_model_control_go_through_the_gateway(gated):
         assert f"triton-grpc-protocol-{e.key_header}" in key  # the load was the restricted API's
 
 
+def test_a_request_the_server_cancels_going_down_is_counted_unavailable():
+    """Triton shutting down cancels the requests it holds (gRPC CANCELLED, relayed by Envoy): the
+    client counts that as the server going away, as it counts Envoy's resets, never as 'other'."""
+    from tritonclient.utils import InferenceServerException
+
+    from tritonkit.clients.errors import classify
+
+    e = classify(InferenceServerException("CANCELLED", status="StatusCode.CANCELLED"))
+    assert e.kind == "unavailable" and "cancelled" in str(e)
+    assert classify(InferenceServerException("boom", status="StatusCode.INTERNAL")).kind == "other"
+
+
 def test_a_restart_behind_the_gateway_under_load_loses_nothing_it_accepted(tmp_path, onnx_dir):
     """Poisson load through the gateway while Triton is stopped (by its pid) and started again on
     the same ports: while it is down each request is refused at once (unavailable, or not ready
@@ -333,8 +345,8 @@ def test_a_restart_behind_the_gateway_under_load_loses_nothing_it_accepted(tmp_p
     failed = [s for s in out.samples if s.latency_s is None]
     served = [s for s in out.samples if s.latency_s is not None]
     assert failed, "the restart refused nothing: it was not under load"
-    # unavailable: Triton's port closed; not_ready: Triton shutting down has unloaded the model
-    # but still answers, and says so
+    # unavailable: Triton's port closed, or it cancelled a request it held as it went down;
+    # not_ready: Triton shutting down has unloaded the model but still answers, and says so
     assert {s.kind for s in failed} <= {"unavailable", "not_ready"}, out.error_examples
     print(f"restart took {marks['up'] - marks['down']:.1f} s; {len(served)} served, "
           f"{ {k: sum(s.kind == k for s in failed) for k in {s.kind for s in failed}} } refused, refusal P50/P95 "
