@@ -73,7 +73,7 @@ def protect_and_confirm(search: Search, tuning: Tuning, cm: CostModel) -> None:
     if not pairs:
         return
     start_held = held(search, tuning.baseline.knobs)
-    winner_held = max(held(search, best.knobs), confirmed.rate or 0.0 if confirmed else 0.0)
+    winner_held = max(held(search, best.knobs), (confirmed.rate or 0.0) if confirmed else 0.0)
     clearly = faster_in_pairs(tuning.beside_start, search.noise.log_sd, search.rules)
     tuning.start_stands_beside = start_stands(tuning.beside_start, search.noise.log_sd, start_held, winner_held,
                                               search.rules)

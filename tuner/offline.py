@@ -39,7 +39,7 @@ from dataclasses import replace
 
 from tritonkit.server_traits import ServerTraits, stall_risk
 from tritonkit.tuner.calibration import Calibration, calibrate
-from tritonkit.tuner.confirm import lower_and_confirm, protect_and_confirm
+from tritonkit.tuner.confirm import held, lower_and_confirm, protect_and_confirm
 from tritonkit.tuner.costmodel import CostModel, batch_points
 from tritonkit.tuner.knobs import Knobs, max_instances, neighbours
 from tritonkit.tuner.objective import Objective, Score, Tuning
@@ -282,8 +282,7 @@ class Search(Rates):
         tuning.best_measured = (k.label(), round(rate, 1))
         if k.schedule != written.schedule and not tuning.differs_because:
             # the written config's own best verdict, whatever queue policy it carries now
-            mine = max((r for x, r in self.held.items() if x.schedule == written.schedule),
-                       default=tuning.best.rate or 0.0)
+            mine = held(self, written) or tuning.best.rate or 0.0
             tuning.differs_because = (
                 f"{k.label()} held {rate:.0f} req/s once, {written.label()} {mine:.0f}: "
                 + ("within one rung, the search's resolution" if rate <= mine * self.rules.rate_step * 1.001 else
