@@ -129,7 +129,7 @@ def run_tuner_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_dir
                 best = ranked[0]
                 log(f"== confirm the grid's best: {best.knobs.label()} at {best.rate:.0f} req/s")
                 grid_best = confirm(grid_trials, [best.knobs], best.rate, step_down=True, objective=objective,
-                                    rules=rules)
+                                    rules=rules).score
             grid_s = time.perf_counter() - t0
 
             budget = min(max_trials, max(MIN_TUNER_TRIALS, int(TRIALS_SHARE * len(grid_trials.trials))))

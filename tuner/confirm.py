@@ -5,6 +5,7 @@ rate down until it holds (`ladder.down_from`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from tritonkit.server_traits import ServerTraits
@@ -60,17 +61,17 @@ def protect_and_confirm(search: Search, tuning: Tuning, cm: CostModel) -> None:
     # down the ladder as far as the trials left allow: a box that slowed after the search may
     # hold only several rungs down, and trials kept for the end are worth spending on it
     beside = None if tuning.kept else tuning.baseline.knobs
-    pairs: list[tuple[Trial, Trial]] = []
-    confirmed = confirm(search.t, candidates, rate, step_down=not search.obj.rps,
-                        limit=search.final_left, objective=search.obj, rules=search.rules, beside=beside, pairs=pairs)
-    tuning.beside_start = [(search.p95(w), search.p95(b)) for w, b in pairs]
+    c = confirm(search.t, candidates, rate, step_down=not search.obj.rps,
+                limit=search.final_left, objective=search.obj, rules=search.rules, beside=beside)
+    confirmed = c.score
+    tuning.beside_start = [(search.p95(w), search.p95(b)) for w, b in c.pairs]
     if confirmed is not None:
         tuning.best, tuning.confirmed = confirmed, True
         if confirmed.knobs.instances != best.knobs.instances:
             tuning.differs_because = (f"{best.knobs.label()} won the search; its protective queue policy runs "
                                       f"{confirmed.knobs.instances} instances, as the probe found a bounded queue "
                                       "stalls the batcher on fewer")
-    if not pairs:
+    if not c.pairs:
         return
     start_held = held(search, tuning.baseline.knobs)
     winner_held = max(held(search, best.knobs), (confirmed.rate or 0.0) if confirmed else 0.0)
@@ -107,7 +108,7 @@ def lower_and_confirm(search: Search, tuning: Tuning) -> None:
     search.log(f"== nothing held the target within the search; the spec's own config from "
                f"{min(rates) / search.rules.rate_step:.0f} req/s down, three pooled runs at the SLO itself")
     confirmed = confirm(search.t, [k], min(rates) / search.rules.rate_step, step_down=True,
-                        limit=search.final_left, objective=search.obj, rules=search.rules)
+                        limit=search.final_left, objective=search.obj, rules=search.rules).score
     if confirmed is not None:
         tuning.best, tuning.confirmed = confirmed, True
         tuning.policy_note = "no protective queue policy was derived: nothing held the target within the search"
@@ -150,18 +151,24 @@ def _protected(search: Search, tuning: Tuning, k: Knobs, cm: CostModel, capacity
     return None
 
 
+@dataclass
+class Confirmation:
+    score: Score | None  # the first candidate confirmed; None where none held
+    pairs: list[tuple[Trial, Trial]] = field(default_factory=list)  # (a candidate's run, the start's beside it)
+
+
 def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: bool, objective: Objective,
-            limit: int | None = None, rules: Rules = RULES, beside: Knobs | None = None,
-            pairs: list[tuple[Trial, Trial]] | None = None) -> Score | None:
+            limit: int | None = None, rules: Rules = RULES, beside: Knobs | None = None) -> Confirmation:
     """Measure again at `rate`: a candidate is confirmed where its runs, pooled, meet the SLO itself
     (`held`; the search aimed at the SLO less the margin), and the first one confirmed wins (later
     ones are fallbacks). A rate that does not hold steps down, `rules.max_steps_down` rates at most
     (the tuner's and the bench grid's winners alike); a fixed target rate is the only rate tried.
     At most `limit` trials. `beside`: the start, run after a candidate's first run at the claimed rate
-    and between its runs wherever its verdict is open (W S W S W), each pair appended to `pairs`:
-    whether the winner beat the start is decided in the same minutes, whatever rate it holds."""
+    and between its runs wherever its verdict is open (W S W S W), each pair kept: whether the winner
+    beat the start is decided in the same minutes, whatever rate it holds."""
     end = len(trials.trials) + (limit if limit is not None else rules.max_steps_down * rules.runs * len(candidates))
     found: list[Score] = []
+    pairs: list[tuple[Trial, Trial]] = []
 
     def more() -> bool:
         return len(trials.trials) < end
@@ -171,7 +178,7 @@ def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: boo
             runs: list[Trial] = []
             while True:
                 verdict = confirmation_verdict(runs, objective, rules)
-                if runs and beside is not None and pairs is not None and more() and (verdict is None or not pairs):
+                if runs and beside is not None and more() and (verdict is None or not pairs):
                     # the start beside the run just made: while the verdict is open, and at the claim
                     pairs.append((runs[-1], trials.run(beside, trials.confirm_load(r), "beside")))
                 if verdict is not None or not more():
@@ -186,7 +193,7 @@ def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: boo
         return False
 
     down_from(rate, holds, rules.rate_step, more, rules.max_steps_down if step_down else 1)
-    return found[0] if found else None
+    return Confirmation(found[0] if found else None, pairs)
 
 
 def confirmation_verdict(runs: list[Trial], objective: Objective, rules: Rules = RULES) -> bool | None:
