@@ -191,8 +191,8 @@ def _measure(pa: pa_install.PerfAnalyzer, args: list[str], client: Client, model
     fifo.unlink(missing_ok=True)  # a run measured again makes its own
     os.mkfifo(fifo)
     pairs: list[tuple[int, int | None]] = []
-    ended: list[bool] = []
-    reader = threading.Thread(target=lambda: pairs.extend(_export_pairs(fifo, ended)), daemon=True)
+    export = ExportPairs(fifo)
+    reader = threading.Thread(target=lambda: pairs.extend(export), daemon=True)
     reader.start()
     lines: list[str] = []
     started = threading.Event()
@@ -251,7 +251,7 @@ def _measure(pa: pa_install.PerfAnalyzer, args: list[str], client: Client, model
             f"warm-up Triton served {served} of this model's requests and timed out {failed} (it does not count "
             f"queue-full refusals); to measure a load that is refused in part use --engine asyncio",
             served, failed, errors)
-    if not pairs or not ended:  # its export is cut short: say what it printed rather than report a part
+    if not pairs or not export.ended:  # its export is cut short: say what it printed rather than report a part
         said = " | ".join(x.strip() for x in lines[-6:] if x.strip())
         held = "ended early, after" if pairs else "held"
         raise PerfAnalyzerLostExport(f"perf_analyzer finished but its profile export {held} {len(pairs)} requests "
@@ -303,31 +303,36 @@ def _counts(before: dict, after: dict) -> tuple[int, int]:
     return count(after, "success") - count(before, "success"), count(after, "fail") - count(before, "fail")
 
 
-def _export_pairs(fifo: Path, ended: list[bool], chunk: int = 1 << 20) -> Iterator[tuple[int, int | None]]:
-    """(send ns, first response ns or None) per request, streamed from PA's profile export;
-    `ended` gains True when the document got to its end (its last members follow the requests)."""
-    pending: int | None = None
-    rest = tail = b""
-    with open(fifo, "rb") as f:  # blocks until PA opens it to write (or _unblock does)
-        while True:
-            block = f.read(chunk)
-            buf = rest + block
-            tail = (tail + block[-_END_SPAN:])[-_END_SPAN:]  # never a copy of the whole block
-            done = 0
-            for m in _PAIR.finditer(buf):
-                if block and m.end() == len(buf):
-                    break  # its digits may go on in the next block
-                done = m.end()
-                if m.group(1) is not None:
-                    pending = int(m.group(1))
-                elif pending is not None:
-                    yield pending, int(m.group(2)) if m.group(2) else None
-                    pending = None
-            if not block:
-                if _END.search(tail):
-                    ended.append(True)
-                return
-            rest = buf[max(done, len(buf) - 64):]  # a key cut in two lies within its last 64 bytes
+class ExportPairs:
+    """(send ns, first response ns or None) per request, streamed from PA's profile export as it is
+    written; `ended` once the document got to its end (its last members follow the requests)."""
+
+    def __init__(self, fifo: Path, chunk: int = 1 << 20):
+        self.fifo, self.chunk = fifo, chunk
+        self.ended = False
+
+    def __iter__(self) -> Iterator[tuple[int, int | None]]:
+        pending: int | None = None
+        rest = tail = b""
+        with open(self.fifo, "rb") as f:  # blocks until PA opens it to write (or _unblock does)
+            while True:
+                block = f.read(self.chunk)
+                buf = rest + block
+                tail = (tail + block[-_END_SPAN:])[-_END_SPAN:]  # never a copy of the whole block
+                done = 0
+                for m in _PAIR.finditer(buf):
+                    if block and m.end() == len(buf):
+                        break  # its digits may go on in the next block
+                    done = m.end()
+                    if m.group(1) is not None:
+                        pending = int(m.group(1))
+                    elif pending is not None:
+                        yield pending, int(m.group(2)) if m.group(2) else None
+                        pending = None
+                if not block:
+                    self.ended = bool(_END.search(tail))
+                    return
+                rest = buf[max(done, len(buf) - 64):]  # a key cut in two lies within its last 64 bytes
 
 
 def _unblock(fifo: Path) -> None:

@@ -15,7 +15,7 @@ from tests.conftest import tritonkit
 from tritonkit.loadtests import pa_install
 from tritonkit.loadtests.load import Load
 from tritonkit.loadtests.measure import measure_by
-from tritonkit.loadtests.pa_run import _export_pairs
+from tritonkit.loadtests.pa_run import ExportPairs
 
 pytestmark = [pytest.mark.server, pytest.mark.measures]
 
@@ -110,16 +110,16 @@ def test_the_export_reader_pairs_timestamps_across_block_edges(tmp_path):
                                                  "requests": requests, "window_boundaries": [1, 2]}],
                                 "version": "2.51.0"}, separators=(",", ":")))
     for chunk in (7, 13, 64, 1 << 20):
-        ended = []
-        pairs = list(_export_pairs(path, ended, chunk))
+        export = ExportPairs(path, chunk)
+        pairs = list(export)
         assert pairs == [(1_000_000_000 + i, None if i == 3 else 2_000_000_000 + i) for i in range(40)], chunk
-        assert ended == [True]
+        assert export.ended
     # PA's JSON writer stops at a NaN without flushing its last 64 KB: an export cut short is not whole
     whole = path.read_bytes()
     for cut in (len(whole) // 2, whole.rindex(b"}]") + 2, whole.rindex(b',"version"')):
         path.write_bytes(whole[:cut])
-        ended = []
-        assert list(_export_pairs(path, ended)) and ended == [], cut
+        export = ExportPairs(path)
+        assert list(export) and not export.ended, cut
 
 
 def test_shared_memory_measures_the_same_load_without_tensors_on_the_wire(served, pa):
