@@ -169,8 +169,9 @@ def register(sub) -> None:
                          "(and counted in the real tunings under --real); "
                          "floor: one config's figure measured again and again (how closely two figures "
                          "measured on this box can agree); "
-                         "overload: five ways of refusing load (Triton's queue policies, the gateway at the "
-                         "tuned limit, at Little's L and adaptive, the client's throttle) at 0.8x to 3x the "
+                         "overload: six ways of refusing load (Triton's queue policies, the gateway at the "
+                         "tuned limit, at Little's L, adaptive, and adaptive over Triton's priority levels, "
+                         "the client's throttle) at 0.8x to 3x the "
                          "claim, for the spec's and the tuned config; "
                          "buckets: variable-width traffic unpadded, padded to the max and to tuned bucket "
                          "edges (waste, mean batch, P95, claim); "
@@ -221,7 +222,7 @@ def register(sub) -> None:
     sp.add_argument("--runs", type=int, default=3, help="routing: step runs (edge slows down, then recovers); "
                                                                  "overload: runs per approach and load")
     sp.add_argument("--approach", action="append", choices=APPROACHES,
-                    help="overload: measure only this approach (repeat for more; default: all five)")
+                    help="overload: measure only this approach (repeat for more; default: all six)")
     sp.add_argument("--throttle-k", type=float, default=THROTTLE_K,
                     help="overload: the client throttle's K, the ratio of requests sent to requests accepted "
                          "it allows (default %(default)g, the SRE book's)")

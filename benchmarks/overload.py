@@ -4,7 +4,7 @@ than the server can take, for the spec's config as written and the tuned one (tu
 The capacity is the claim a tuner makes: the highest Poisson rate at which P95 <= SLO, measured in
 this run on a copy of the model without queue policy or priority levels (Triton's prefetch on, the
 most its batch size and instances serve within the SLO). An ideal admission control serves exactly
-that rate within the SLO whatever arrives, and turns the rest away at once. Four approaches, each
+that rate within the SLO whatever arrives, and turns the rest away at once. Six approaches, each
 at 0.8x, 1.5x, 2x and 3x the claim, interleaved run by run so that a noisy minute on this shared box
 falls on all of them alike:
 
@@ -16,14 +16,18 @@ falls on all of them alike:
   whole limit in flight, so room above L is wait above what the claim measured;
 - gateway_adaptive: gateway_fixed behind Envoy's adaptive concurrency filter, which moves the limit
   to keep the P95 it samples at 0.9 of the SLO (configs/gateway.py `adaptive_target_ms`);
+- gateway_priority: the same Envoy in front of a copy with Triton's priority levels and no queue
+  policy: the gateway bounds the queue, Triton serves interactive requests first within it, and
+  nothing bounded stalls the batcher (2.51 still turns its prefetch off under priority levels);
 - client_throttle: no gateway; the client refuses locally by the SRE formula (clients/throttle.py)
   and sends each request with the SLO as its gRPC deadline.
 
 A quarter of the traffic is interactive: priority 1 for Triton's queues, the HIGH route for the
-gateway. Reported per run, all measured here: goodput (answered within the SLO per second) over the
-claim; interactive requests answered within the SLO over min(those offered, a quarter of the claim);
-a refusal's P95 (every failure but a deadline, which takes the SLO by construction); late answers
-(accepted and answered after the SLO, or still out after the drain); the CPU each process used.
+gateway (both behind gateway_priority). Reported per run, all measured here: goodput (answered
+within the SLO per second) over the claim; interactive requests answered within the SLO over
+min(those offered, a quarter of the claim); a refusal's P95 (every failure but a deadline, which
+takes the SLO by construction); late answers (accepted and answered after the SLO, or still out
+after the drain); the CPU each process used.
 
 Overload is the server's to handle, not the machine's: the server, its backend stubs and the
 gateways (sidecars in a pod) share half the cores, the generator has the other half, and the
@@ -67,7 +71,8 @@ from tritonkit.support import cancels_safely
 FACTORS = (0.8, 1.5, 2.0, 3.0)
 RUNS = 3
 INTERACTIVE_SHARE = 0.25
-APPROACHES = ("queue_policy", "gateway_fixed", "gateway_little", "gateway_adaptive", "client_throttle")
+APPROACHES = ("queue_policy", "gateway_fixed", "gateway_little", "gateway_adaptive", "gateway_priority",
+              "client_throttle")
 THROTTLE_K = 2.0  # the SRE book's suggestion
 # Triton's queues see the priority; on the policy-free copy (no priority levels) both classes are
 # priority 0 and the gateway tells them apart by the class header run_load sends.
@@ -75,12 +80,23 @@ CLASSES = [RequestClass("interactive", weight=1, priority=1), RequestClass("bulk
 FREE_CLASSES = [RequestClass("interactive", weight=1), RequestClass("bulk", weight=3)]
 
 
-def _renamed(spec: Spec, model: str, name: str, free: bool = False):
-    """The model under another name; `free`: without queue policies or priority levels."""
+@dataclass(frozen=True)
+class Copies:
+    """One config's model served three ways, under these names."""
+
+    written: str  # its queue policies and priority levels as written
+    free: str  # neither: Triton's prefetch on, the claim measured here
+    priority: str  # priority levels (two, where it has none) and no queue policy
+
+
+def _renamed(spec: Spec, model: str, name: str, queues: str = "written"):
+    """The model under another name, its queues `written`, `free` or `priority` (see Copies)."""
     m = spec.model(model).model_copy(update={"name": name})
-    if free:
-        b = m.batching.model_copy(update={"priority_levels": 0, "default_priority": 0, "default_queue_policy": None,
-                                          "priority_queue_policies": {}})
+    if queues != "written":
+        levels = 0 if queues == "free" else max(2, m.batching.priority_levels)
+        default = 0 if queues == "free" else (m.batching.default_priority or levels)
+        b = m.batching.model_copy(update={"priority_levels": levels, "default_priority": default,
+                                          "default_queue_policy": None, "priority_queue_policies": {}})
         m = m.model_copy(update={"batching": b})
     return m
 
@@ -188,10 +204,15 @@ def gateway_limits(claim_rps: float, p95_ms: float, deadline_ms: float | None, s
             "gateway_adaptive": GatewayLimits.from_claim(*at_claim, adaptive_slo_ms=slo_ms)}
 
 
-def _approaches(direct: str, name: str, free: str, gateways: dict, chosen: tuple[str, ...]) -> list[Approach]:
-    every = [Approach("queue_policy", direct, name, CLASSES),
-             *(Approach(g, url, free, FREE_CLASSES) for g, (url, _) in gateways.items()),
-             Approach("client_throttle", direct, free, FREE_CLASSES, throttled=True)]
+# An approach measured through another's Envoy: its CPU is that Envoy's
+SHARED_GATEWAY = {"gateway_priority": "gateway_adaptive"}
+
+
+def _approaches(direct: str, copies: Copies, gateways: dict, chosen: tuple[str, ...]) -> list[Approach]:
+    every = [Approach("queue_policy", direct, copies.written, CLASSES),
+             *(Approach(g, url, copies.free, FREE_CLASSES) for g, (url, _) in gateways.items()),
+             *(Approach(p, gateways[g][0], copies.priority, CLASSES) for p, g in SHARED_GATEWAY.items()),
+             Approach("client_throttle", direct, copies.free, FREE_CLASSES, throttled=True)]
     return [a for a in every if a.name in chosen]
 
 
@@ -224,12 +245,11 @@ def median_row(runs: list[dict]) -> dict:
     return out
 
 
-async def _bench_config(r, label: str, names: tuple[str, str], slo_ms: float, seconds: float, runs: int,
+async def _bench_config(r, label: str, copies: Copies, slo_ms: float, seconds: float, runs: int,
                         folder: Path, server_cpus: set[int] | None, generator_cpus: set[int] | None,
                         log: Callable[[str], None], throttle_k: float = THROTTLE_K,
                         chosen: tuple[str, ...] = APPROACHES) -> dict:
-    name, free = names
-    direct = r.endpoints.grpc
+    direct, free = r.endpoints.grpc, copies.free
     with pinned(generator_cpus):
         claim = await claim_rate(direct, free, slo_ms, seconds, log)
     rate = claim["claim_rps"]
@@ -244,7 +264,7 @@ async def _bench_config(r, label: str, names: tuple[str, str], slo_ms: float, se
     for g, own in limits.items():
         log(f"  {g}: {own.describe()}")
     with _gateways(r.endpoints.grpc_port, limits, folder, server_cpus) as gateways, pinned(generator_cpus):
-        approaches = _approaches(direct, name, free, gateways, chosen)
+        approaches = _approaches(direct, copies, gateways, chosen)
         meter = CpuMeter({"server": r.server.proc.pid},
                          {"generator": os.getpid(), **{n: e.proc.pid for n, (_, e) in gateways.items()}})
         rows: dict[str, dict[str, list[dict]]] = {a.name: {str(f): [] for f in FACTORS} for a in approaches}
@@ -256,7 +276,7 @@ async def _bench_config(r, label: str, names: tuple[str, str], slo_ms: float, se
                     out = await _send(a, load, slo_ms, seed=run, throttle_k=throttle_k)
                     cpu = meter.percent()
                     own = {"server": cpu["server"], "generator": cpu["generator"],
-                           "gateway": cpu.get(a.name, 0.0)}  # the Envoy this approach went through
+                           "gateway": cpu.get(SHARED_GATEWAY.get(a.name, a.name), 0.0)}  # its Envoy
                     row = {"run": run, **summarize(out, load, rate, slo_ms), "cpu_percent": own}
                     rows[a.name][str(f)].append(row)
                     log(f"  run {run + 1} " + format_row(a.name, f, row))
@@ -305,6 +325,19 @@ def format_table(label: str, result: dict) -> list[str]:
     return lines
 
 
+def served_copies(configs: dict[str, Spec], model: str) -> tuple[Spec, dict[str, Copies]]:
+    """One spec serving each label's three copies of `model`, each from its label's own spec."""
+    names = {label: Copies(f"{model}__{label}", f"{model}__{label}_free", f"{model}__{label}_prio")
+             for label in configs}
+    models = []
+    for label, spec in configs.items():
+        c = names[label]
+        models += [_renamed(spec, model, c.written), _renamed(spec, model, c.free, "free"),
+                   _renamed(spec, model, c.priority, "priority")]
+    first = next(iter(configs.values()))
+    return Spec(first.data.model_copy(update={"models": models}), first.path, first.shown, first.source), names
+
+
 def run_overload_bench(configs: dict[str, Spec], model: str, repo: Path, state_dir: Path, out_dir: Path, *,
                        seconds: float = 4.0, runs: int = RUNS, throttle_k: float = THROTTLE_K,
                        approaches: tuple[str, ...] = APPROACHES, log: Callable[[str], None] = print) -> dict:
@@ -315,12 +348,7 @@ def run_overload_bench(configs: dict[str, Spec], model: str, repo: Path, state_d
     slo_ms = first.model(model).slo.p95_ms
     if slo_ms is None:
         raise ValueError("the model needs slo.p95_ms")  # checked by the command first
-    names = {label: (f"{model}__{label}", f"{model}__{label}_free") for label in configs}
-    models = []
-    for label, spec in configs.items():  # each label's model and its policy-free copy, from its own spec
-        name, free = names[label]
-        models += [_renamed(spec, model, name), _renamed(spec, model, free, free=True)]
-    served = Spec(first.data.model_copy(update={"models": models}), first.path, first.shown, first.source)
+    served, names = served_copies(configs, model)
     generate(served, repo)
     server_cpus, generator_cpus = split_cores()
     result = {"schema": SCHEMA, "kind": "bench/overload", "model": model, "slo_p95_ms": slo_ms,

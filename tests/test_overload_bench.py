@@ -3,6 +3,7 @@ class's due, on outcomes built by hand (the bench itself runs in `make bench`)."
 
 from __future__ import annotations
 
+from tests.conftest import write_spec
 from tritonkit.benchmarks.overload import median_row, summarize
 from tritonkit.loadtests.load import Load, Outcome, Sample
 
@@ -49,3 +50,39 @@ def test_the_gateways_differ_only_in_room_and_the_adaptive_filter():
     assert (limits["gateway_fixed"].max_requests, limits["gateway_little"].max_requests) == (34, 20)
     assert limits["gateway_adaptive"].max_requests == 34 and limits["gateway_adaptive"].target_p95_ms < 22.5
     assert not limits["gateway_fixed"].adaptive and not limits["gateway_little"].adaptive
+
+
+def test_each_config_is_served_as_written_free_of_queues_and_by_priority_alone(workdir):
+    """The three copies the bench serves of each config, generated as Triton will load them: the
+    priority copy keeps the levels (two where the config had none) and drops every queue policy,
+    the bounded queue that stalls 2.51's batcher included."""
+    from tritonkit.benchmarks.overload import served_copies
+    from tritonkit.configs.generate import generate, parse
+    from tritonkit.configs.loader import load_spec
+
+    policy = {"max_queue_size": 8, "default_timeout_us": 70000, "allow_timeout_override": True}
+    written = {"name": "m", "onnx": "onnx/mlp.onnx", "max_batch_size": 4, "slo": {"p95_ms": 50},
+               "batching": {"priority_levels": 2, "default_priority": 2, "default_queue_policy": policy,
+                            "priority_queue_policies": {1: {"default_timeout_us": 70000}}}}
+    tuned = {**written, "max_batch_size": 8, "batching": {"max_queue_delay_us": 500}}
+    configs = {}
+    for label, model in (("spec", written), ("tuned", tuned)):
+        (workdir / label).mkdir()
+        (workdir / label / "onnx").symlink_to(workdir / "onnx")
+        configs[label] = load_spec(write_spec(workdir / label, {"models": [model]}), workdir / "repo")
+    served, names = served_copies(configs, "m")
+    generate(served, workdir / "repo")
+
+    def config(name):
+        return parse((workdir / "repo" / name / "config.pbtxt").read_text())
+
+    as_written = config(names["spec"].written).dynamic_batching
+    assert as_written.priority_levels == 2 and as_written.default_queue_policy.max_queue_size == 8
+    assert as_written.priority_queue_policy[1].default_timeout_microseconds == 70000
+    for label, batch in (("spec", 4), ("tuned", 8)):
+        free, prio = config(names[label].free), config(names[label].priority)
+        assert free.max_batch_size == prio.max_batch_size == batch
+        assert free.dynamic_batching.priority_levels == 0 and not free.dynamic_batching.HasField("default_queue_policy")
+        db = prio.dynamic_batching
+        assert (db.priority_levels, db.default_priority_level) == (2, 2), label
+        assert not db.HasField("default_queue_policy") and not db.priority_queue_policy, label
