@@ -46,7 +46,7 @@ from tritonkit.tuner.objective import Objective, Score, Tuning
 from tritonkit.tuner.predict import ordered, ranked
 from tritonkit.tuner.rates import Rates
 from tritonkit.tuner.rules import RULES, Rules
-from tritonkit.tuner.screen import Halving, Seen
+from tritonkit.tuner.screen import Finalist, Halving, Seen
 from tritonkit.tuner.strategy import HillClimb, drive
 from tritonkit.tuner.trials import Trial, Trials
 
@@ -221,7 +221,7 @@ class Search(Rates):
         # held the round's rate (a slow minute, or a first rung past every edge): their P95s there
         # still rank them, and the finalist walks down from that rate. Only a finalist that holds
         # nothing on its walk leaves the place to the next.
-        best = inc
+        best, chosen = inc, None
         for f in h.finalists:
             if f.knobs == start:
                 break  # the start ranked above the rest, side by side: nothing screened beat it
@@ -233,12 +233,28 @@ class Search(Rates):
                 rate = f.rate or h.rate
                 found = self.sustained(f.knobs, rate, "finalist", prior=runs.get((f.knobs, rate), [])[-1:])
             if found.passed:
-                best = found
+                best, chosen = found, f
                 break
+        best = self._runner_up(best, chosen, h, start)
         names = ", ".join(f"{f.knobs.label()} (held {'-' if f.rate is None else f'{f.rate:.0f}'})"
                           for f in h.finalists)
         self.log(f"  finalists: {names}; incumbent {best.knobs.label()}")
         return best, [k for k, _ in runs]
+
+    def _runner_up(self, best: Score, chosen: Finalist | None, h: Halving, start: Knobs) -> Score:
+        """A runner-up that held the screen's rate as high as the finalist that won: ranked below it
+        by one run there, it is a tie within the noise, and the climb proposes no screened config
+        again. It challenges the incumbent at the rung above where the incumbent holds, beside it
+        (`challenge`): one losing run of the winner's walk must not leave it unmeasured above."""
+        if chosen is None or self.obj.rps or chosen.rate is None:
+            return best
+        for g in h.finalists:
+            if g is chosen or g.knobs == start or g.rate is None or g.rate < chosen.rate:
+                continue
+            self.log(f"  runner-up {g.knobs.label()} held {g.rate:.0f} req/s in the screen too: it challenges "
+                     f"{best.knobs.label()} above {best.rate:.0f}")
+            return self.challenge(best, g.knobs, "runner-up") or best
+        return best
 
     def _bucketed(self, inc: Score) -> tuple[Score, list[Knobs]]:
         """The length-bucket edges for the incumbent's batching (`edge_sets`: the least padding for

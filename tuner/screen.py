@@ -10,7 +10,7 @@ P95 first, go on to a rate two rungs higher, in the opposite order (A B ... B A)
 no more than the finalists hold, or none does. Each round ranks by P95 at one rate measured in
 the same minutes: a comparison, never a threshold, decides who goes on. A finalist that missed
 the last round is still handed on beside the one that held, so that one losing run does not
-drop the runner-up.
+drop the runner-up; those that missed it are ranked by the round before, which they all held.
 
 For a fixed target rate (the lowest P95 there) every round runs at that rate and ranks by the mean
 log P95 of the rounds so far.
@@ -115,9 +115,20 @@ class Halving:
     def _finish(self, ranked: list[Knobs], unmeasured: list[Knobs] = ()) -> None:
         """The finalists: those that held the last round, best first, then the best of the rest
         (then any the budget left unmeasured in it)."""
-        ranked = sorted(ranked, key=lambda k: (not self._held(k), self._score(k)))
+        ranked = sorted(ranked, key=self._final_key)
         self.finalists = [Finalist(k, self.held_rate(k)) for k in [*ranked, *unmeasured][:self.rules.screen_finalists]]
         self.done = True
+
+    def _final_key(self, k: Knobs) -> tuple[bool, float]:
+        """Those that held the last round by their P95 there; the rest by their P95 the round
+        before, where every one of them held: a raised rate that a config missed is past its edge,
+        where its P95 says how fast its queue grew in a few seconds, and one noisy run there ranks
+        a config that had been several times faster below it (the first round has no round before)."""
+        if self._held(k) or self.fixed_rate or not self._rates:
+            return not self._held(k), self._score(k)
+        before = self.seen[k][self._rates[-1]][-1:]
+        return True, math.log(max(before[0].p95_ms, 1e-9))
+
 
     def held_rate(self, k: Knobs) -> float | None:
         """The highest rate `k` held in the screen (for a fixed rate: that rate, if it held there)."""
