@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -42,7 +43,19 @@ from tritonkit.loadtests.pa_run import sample_json
 from tritonkit.server import LocalTriton
 from tritonkit.spec import Batching, Instances, ModelSpec, ServerSpec, Spec
 
-STALL_S = 180.0  # no new measurement for this long: the search is only revisiting what it has
+# No new measurement for this long, and none under way: the search is only revisiting what it has.
+# One measurement under way can take longer on a noisy box (perf_analyzer widening its window until
+# it is stable): that is progress, bounded by the wall time alone.
+STALL_S = 180.0
+_STARTED = re.compile(r"Profiling \S+: concurrency=")
+# what MA logs once a measurement is over: saved, skipped (nothing saved), or the next config begun
+_OVER = ("Saved checkpoint", "no checkpoint saved", "model config:")
+
+
+def _under_way(log_text: str) -> bool:
+    """Has MA started a measurement it has not finished (its log's last word on one)?"""
+    started = [m.start() for m in _STARTED.finditer(log_text)]
+    return bool(started) and started[-1] > max(log_text.rfind(w) for w in _OVER)
 INPUT_SAMPLES = 16
 
 
@@ -143,12 +156,12 @@ def _version(ma: Path) -> str:
 
 def _supervise(ma: Path, config: Path, pa: pa_install.PerfAnalyzer, log_path: Path, wall_s: float,
                max_measurements: int | None, log: Callable[[str], None]) -> tuple[float, float, str]:
-    """Run MA until it finishes, `wall_s` passes, STALL_S pass without a new measurement, or it
-    has saved `max_measurements`.
+    """Run MA until it finishes, `wall_s` passes, STALL_S pass without a new measurement or one
+    under way, or it has saved `max_measurements`.
     Returns its wall time, the time of its last new measurement and why it stopped."""
     env = pa.environ()
     t0 = time.monotonic()
-    last_new, seen, stopped = 0.0, 0, "finished"
+    last_new, last_busy, seen, stopped = 0.0, 0.0, 0, "finished"
     with open(log_path, "w") as out:
         proc = subprocess.Popen([str(ma), "profile", "-f", str(config)], stdout=out, stderr=subprocess.STDOUT,
                                 env=env, cwd=config.parent, start_new_session=True)
@@ -161,7 +174,10 @@ def _supervise(ma: Path, config: Path, pa: pa_install.PerfAnalyzer, log_path: Pa
                 seen, last_new = profiled, now
                 line = [x for x in text.splitlines() if "Profiling " in x][-1:]
                 log(f"   [{now:4.0f} s] {line[0].split('] ', 1)[-1] if line else 'measured'}")
-            reason = "wall time" if now > wall_s else "no new measurement" if now - last_new > STALL_S else \
+            if _under_way(text):
+                last_busy = now
+            idle = now - max(last_new, last_busy)
+            reason = "wall time" if now > wall_s else "no new measurement" if idle > STALL_S else \
                 "measurement budget" if max_measurements is not None and seen >= max_measurements else None
             if reason:
                 stopped = f"stopped by the kit: {reason}"

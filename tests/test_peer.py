@@ -206,3 +206,21 @@ def test_the_versus_table_puts_every_tuning_beside_model_analyzer(tmp_path):
     assert (tmp_path / "versus" / "versus.md").read_text().count("| kit1") == 2
     empty = tritonkit("bench", "versus", "--table", "--out", str(tmp_path / "none"))
     assert empty.returncode == 2 and "--table" in empty.stderr and "Traceback" not in empty.stderr, empty.stderr
+
+
+def test_a_measurement_under_way_is_progress_not_a_stall():
+    """Model Analyzer's log as it stood when the kit stopped it beside the noise source: one
+    measurement of wide had been widening perf_analyzer's window for three minutes. That is a
+    search still measuring; a search only revisiting what it has logs no measurement begun."""
+    from tritonkit.benchmarks.model_analyzer import _under_way
+
+    head = ("[Model Analyzer] Creating model config: wide_config_1\n"
+            "[Model Analyzer] Profiling wide_config_1: concurrency=4\n")
+    widening = "[Model Analyzer] perf_analyzer's measurement window is too small, increased to 7000 ms.\n"
+    assert _under_way(head) and _under_way(head + widening)
+    assert not _under_way(head + widening + "[Model Analyzer] Saved checkpoint to x/0.ckpt\n")
+    revisiting = ("[Model Analyzer] Found existing model config: wide_config_1\n"
+                  "[Model Analyzer] Existing measurement found for run config. Skipping profile\n"
+                  "[Model Analyzer] No changes made to analyzer data, no checkpoint saved.\n")
+    assert not _under_way(head + "[Model Analyzer] Saved checkpoint to x/0.ckpt\n" + revisiting)
+    assert not _under_way("")
