@@ -129,7 +129,6 @@ class Halving:
         before = self.seen[k][self._rates[-1]][-1:]
         return True, math.log(max(before[0].p95_ms, 1e-9))
 
-
     def held_rate(self, k: Knobs) -> float | None:
         """The highest rate `k` held in the screen (for a fixed rate: that rate, if it held there)."""
         rates = [r for r, runs in self.seen.get(k, {}).items()
