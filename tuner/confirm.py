@@ -79,8 +79,8 @@ def protect_and_confirm(search: Search, tuning: Tuning, cm: CostModel) -> None:
     tuning.start_stands_beside = start_stands(tuning.beside_start, search.noise.log_sd, start_held, winner_held,
                                               search.rules)
     if clearly is not None:
-        why = f"{best.knobs.label()} was clearly {'faster' if clearly else 'slower'} than the start in most runs " \
-              "beside it at the confirmation"
+        why = f"{best.knobs.label()} was {'faster' if clearly else 'slower'} than the start in most of the pairs " \
+              "beside it at the confirmation that stood out of the noise"
     else:
         why = (f"within the noise beside it at the confirmation; the start held {start_held:.0f} req/s on its own, "
                f"{best.knobs.label()} {winner_held:.0f}")
