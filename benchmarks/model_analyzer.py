@@ -56,6 +56,8 @@ def _under_way(log_text: str) -> bool:
     """Has MA started a measurement it has not finished (its log's last word on one)?"""
     started = [m.start() for m in _STARTED.finditer(log_text)]
     return bool(started) and started[-1] > max(log_text.rfind(w) for w in _OVER)
+
+
 INPUT_SAMPLES = 16
 
 
