@@ -231,7 +231,9 @@ class Search(Rates):
                 found = self._score(f.knobs, f.rate, runs[(f.knobs, f.rate)], True)
             else:
                 rate = f.rate or h.rate
-                found = self.sustained(f.knobs, rate, "finalist", prior=runs.get((f.knobs, rate), [])[-1:])
+                # every screening run there counts: one that missed and one that held leave the
+                # verdict to a third
+                found = self.sustained(f.knobs, rate, "finalist", prior=runs.get((f.knobs, rate), []))
             if found.passed:
                 best, chosen = found, f
                 break

@@ -90,8 +90,8 @@ class Rates:
             ordered = sorted(runs, key=self.p95)
             mid = ordered[len(ordered) // 2]  # of two, the slower: no figure from the luckier run
             return Score(k, -self.p95(mid), rate, mid, runs)
-        if not ok:
-            return Score(k, -math.inf, None, runs[-1], runs)
+        if not ok:  # its trial a run that missed: a tie of a miss and a hold is no pass
+            return Score(k, -math.inf, None, next((r for r in reversed(runs) if not r.passed), runs[-1]), runs)
         passing = sorted((r for r in runs if r.passed), key=self.p95)
         return Score(k, statistics.median(r.ok_rps for r in passing), rate, passing[len(passing) // 2], runs)
 

@@ -12,6 +12,15 @@ the same minutes: a comparison, never a threshold, decides who goes on. A finali
 the last round is still handed on beside the one that held, so that one losing run does not
 drop the runner-up; those that missed it are ranked by the round before, which they all held.
 
+Where the misses of a raised round decide who goes on (fewer held than the round keeps), the
+configs that missed run once more at that rate, in the opposite order, and each counts by the
+better of its runs. Every one of them held the round before, so a miss is either its edge or a
+neighbour's burst, and a burst only ever slows a run: on a shared box a config is as fast as its
+best run shows, and one four-second run that met a burst must not drop the config that is
+fastest in the quiet seconds. The first round is not repeated: it holds the whole space, and its
+misses have held nothing yet. The refinement and the confirmation that follow judge the
+finalists on full runs.
+
 For a fixed target rate (the lowest P95 there) every round runs at that rate and ranks by the mean
 log P95 of the rounds so far.
 
@@ -53,11 +62,14 @@ class Halving:
     _queue: list[Knobs] = field(default_factory=list)
     _field: list[Knobs] = field(default_factory=list)
     _rates: list[float] = field(default_factory=list)  # the rates of the rounds before this one
+    _order: list[Knobs] = field(default_factory=list)  # the order this round's first pass ran in
+    _repeated: bool = False  # this round's misses have had their second run
     done: bool = False
 
     def __post_init__(self):
         self._field = list(dict.fromkeys(self.candidates))
         self._queue = list(self._field)
+        self._order = list(self._queue)
 
     def ask(self) -> tuple[Knobs, float] | None:
         if self.done or not self._queue:
@@ -84,14 +96,20 @@ class Halving:
 
     # -- between rounds ----------------------------------------------------------------------------
 
-    def _score(self, k: Knobs) -> float:
-        """Log P95 at the round's rate; for a fixed rate, the mean over every round so far."""
-        runs = self.seen[k][self.rate] if self.fixed_rate else self.seen[k][self.rate][-1:]
-        return sum(math.log(max(r.p95_ms, 1e-9)) for r in runs) / len(runs)
+    def _score(self, k: Knobs, rate: float | None = None) -> float:
+        """Log P95 at the round's rate, of its best run there; for a fixed rate, the mean over every
+        round so far."""
+        runs = self.seen[k][self.rate if rate is None else rate]
+        logs = [math.log(max(r.p95_ms, 1e-9)) for r in runs]
+        return sum(logs) / len(logs) if self.fixed_rate else min(logs)
+
+    def _held_at(self, k: Knobs, rate: float) -> bool:
+        """In most runs at a fixed rate; at a raised rate, in any (a burst only ever slows a run)."""
+        runs = self.seen.get(k, {}).get(rate, [])
+        return 2 * sum(r.held for r in runs) > len(runs) if self.fixed_rate else any(r.held for r in runs)
 
     def _held(self, k: Knobs) -> bool:
-        runs = self.seen[k][self.rate]
-        return 2 * sum(r.held for r in runs) > len(runs) if self.fixed_rate else runs[-1].held
+        return self._held_at(k, self.rate)
 
     def _measured(self, ks: list[Knobs]) -> list[Knobs]:
         return [k for k in ks if self.rate in self.seen.get(k, {})]
@@ -100,17 +118,32 @@ class Halving:
         ranked = sorted(self._field, key=self._score)
         held = [k for k in ranked if self._held(k)]
         n = self.rules.screen_finalists
+        keep = max(n, math.ceil(len(self._field) * self.rules.screen_keep))
+        if again := self._again(held, keep):
+            self._repeated = True
+            self._queue = [k for k in reversed(self._order) if k in again]  # the last to run goes first: A B ... B A
+            return
         if len(held) <= n:
             self._finish(ranked)
             return
-        keep = max(n, math.ceil(len(self._field) * self.rules.screen_keep))
         self._field = held[:keep]
+        self._repeated = False
         self.round += 1
         if not self.fixed_rate:
             self._rates.append(self.rate)
             self.rate *= self.rules.screen_raise
         # the opposite order each round: a machine that drifts over a round hits both ends alike
         self._queue = list(reversed(self._field)) if self.round % 2 else list(self._field)
+        self._order = list(self._queue)
+
+    def _again(self, held: list[Knobs], keep: int) -> set[Knobs]:
+        """The misses of a raised round that run once more: as many as there are places left in
+        the next round's field, the fastest in the round before (which all held) first. None in
+        the first round, none twice, and none where the field goes on whole to the finalists."""
+        if self._repeated or not self._rates or len(held) >= keep or len(self._field) <= self.rules.screen_finalists:
+            return set()
+        missed = sorted((k for k in self._field if not self._held(k)), key=lambda k: self._score(k, self._rates[-1]))
+        return set(missed[:keep - len(held)])
 
     def _finish(self, ranked: list[Knobs], unmeasured: list[Knobs] = ()) -> None:
         """The finalists: those that held the last round, best first, then the best of the rest
@@ -126,11 +159,9 @@ class Halving:
         a config that had been several times faster below it (the first round has no round before)."""
         if self._held(k) or self.fixed_rate or not self._rates:
             return not self._held(k), self._score(k)
-        before = self.seen[k][self._rates[-1]][-1:]
-        return True, math.log(max(before[0].p95_ms, 1e-9))
+        return True, self._score(k, self._rates[-1])
 
     def held_rate(self, k: Knobs) -> float | None:
         """The highest rate `k` held in the screen (for a fixed rate: that rate, if it held there)."""
-        rates = [r for r, runs in self.seen.get(k, {}).items()
-                 if (2 * sum(x.held for x in runs) > len(runs) if self.fixed_rate else runs[-1].held)]
+        rates = [r for r in self.seen.get(k, {}) if self._held_at(k, r)]
         return max(rates) if rates else None
