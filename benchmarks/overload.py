@@ -4,9 +4,12 @@ than the server can take, for the spec's config as written and the tuned one (tu
 The capacity is the claim a tuner makes: the highest Poisson rate at which P95 <= SLO, measured in
 this run on a copy of the model without queue policy or priority levels (Triton's prefetch on, the
 most its batch size and instances serve within the SLO). An ideal admission control serves exactly
-that rate within the SLO whatever arrives, and turns the rest away at once. Six approaches, each
-at 0.8x, 1.5x, 2x and 3x the claim, interleaved run by run so that a noisy minute on this shared box
-falls on all of them alike:
+that rate within the SLO whatever arrives, and turns the rest away at once. Behind a gateway the
+claim is the one measured through it (an Envoy that only proxies), as `tune --url` through the
+gateway makes it: the proxy's latency and its share of the server's cores belong to that
+deployment, and its admission can keep no more. Each row also gives its goodput over the claim
+without the gateway, so its cost stays in view. Six approaches, each at 0.8x, 1.5x, 2x and 3x its
+claim, interleaved run by run so that a noisy minute on this shared box falls on all of them alike:
 
 - queue_policy: Triton alone, the config as written (its priority levels and queue policies);
 - gateway_fixed: Envoy in front of the policy-free copy, its circuit breaker at the in-flight
@@ -164,12 +167,13 @@ class CpuMeter:
 
 @dataclass(frozen=True)
 class Approach:
-    """Where one approach sends its load and how."""
+    """Where one approach sends its load and how, and the claim its loads are factors of."""
 
     name: str
     url: str
     model: str
     classes: list[RequestClass]
+    claim: float = 0.0
     throttled: bool = False
 
 
@@ -208,11 +212,18 @@ def gateway_limits(claim_rps: float, p95_ms: float, deadline_ms: float | None, s
 SHARED_GATEWAY = {"gateway_priority": "gateway_adaptive"}
 
 
-def _approaches(direct: str, copies: Copies, gateways: dict, chosen: tuple[str, ...]) -> list[Approach]:
-    every = [Approach("queue_policy", direct, copies.written, CLASSES),
-             *(Approach(g, url, copies.free, FREE_CLASSES) for g, (url, _) in gateways.items()),
-             *(Approach(p, gateways[g][0], copies.priority, CLASSES) for p, g in SHARED_GATEWAY.items()),
-             Approach("client_throttle", direct, copies.free, FREE_CLASSES, throttled=True)]
+# The claim's own gateway: Envoy with a breaker far above anything in flight and no deadline, a
+# proxy and nothing more, so that a claim through it is what `tune --url` through the gateway finds
+PROXY = GatewayLimits(max_requests=100_000, max_requests_high=100_000, timeout_ms=None)
+
+
+def _approaches(direct: str, copies: Copies, gateways: dict, chosen: tuple[str, ...],
+                claim: float, gateway_claim: float) -> list[Approach]:
+    """Each approach at its own claim: behind the gateway, the one measured through it."""
+    every = [Approach("queue_policy", direct, copies.written, CLASSES, claim),
+             *(Approach(g, url, copies.free, FREE_CLASSES, gateway_claim) for g, (url, _) in gateways.items()),
+             *(Approach(p, gateways[g][0], copies.priority, CLASSES, gateway_claim) for p, g in SHARED_GATEWAY.items()),
+             Approach("client_throttle", direct, copies.free, FREE_CLASSES, claim, throttled=True)]
     return [a for a in every if a.name in chosen]
 
 
@@ -236,8 +247,8 @@ async def _added_latency(direct: Approach, gateway: Approach, rate: float, secon
 def median_row(runs: list[dict]) -> dict:
     """The runs of one approach at one factor: each figure's median, min and max."""
     out = {}
-    for key in ("goodput_ratio", "interactive_within_ratio", "refusal_p95_ms", "late"):
-        values = [r[key] for r in runs if r[key] is not None]
+    for key in ("goodput_ratio", "goodput_direct_ratio", "interactive_within_ratio", "refusal_p95_ms", "late"):
+        values = [r[key] for r in runs if r.get(key) is not None]
         out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
     out["cpu_percent"] = {name: statistics.median(r["cpu_percent"][name] for r in runs)
                           for name in runs[0]["cpu_percent"]}
@@ -256,15 +267,25 @@ async def _bench_config(r, label: str, copies: Copies, slo_ms: float, seconds: f
     if not rate:
         log("  no rate held the SLO on the policy-free copy: nothing to overload")
         return {**claim, "approaches": {}}
+    # Behind a gateway the claim is the one made through it, as `tune --url` through the gateway
+    # makes it: the proxy's latency and its share of the server's cores are the deployment's, and
+    # an admission control can keep no more than that claim
+    through = {}
+    if any(a.startswith("gateway_") for a in chosen):
+        log("  the claim through the gateway (a proxy, no limit):")
+        with _gateways(r.endpoints.grpc_port, {"proxy": PROXY}, folder, server_cpus) as proxy, pinned(generator_cpus):
+            through = await claim_rate(proxy["proxy"][0], free, slo_ms, seconds, log)
+    gateway_rate = through.get("claim_rps") or rate
+    gateway_p95 = through.get("claim_p95_ms") or claim["claim_p95_ms"]
     # The SLO as the gateway's deadline only where Triton survives the cancellations it causes
     # (support.cancels_safely); elsewhere the in-flight limit alone bounds the wait
     with r.client() as c:
         deadline = slo_ms if cancels_safely(c.server_version()) else None
-    limits = gateway_limits(rate, claim["claim_p95_ms"], deadline, slo_ms)
+    limits = gateway_limits(gateway_rate, gateway_p95, deadline, slo_ms)
     for g, own in limits.items():
         log(f"  {g}: {own.describe()}")
     with _gateways(r.endpoints.grpc_port, limits, folder, server_cpus) as gateways, pinned(generator_cpus):
-        approaches = _approaches(direct, copies, gateways, chosen)
+        approaches = _approaches(direct, copies, gateways, chosen, rate, gateway_rate)
         meter = CpuMeter({"server": r.server.proc.pid},
                          {"generator": os.getpid(), **{n: e.proc.pid for n, (_, e) in gateways.items()}})
         rows: dict[str, dict[str, list[dict]]] = {a.name: {str(f): [] for f in FACTORS} for a in approaches}
@@ -272,12 +293,13 @@ async def _bench_config(r, label: str, copies: Copies, slo_ms: float, seconds: f
             for f in FACTORS:
                 for a in approaches:
                     meter.reset()
-                    load = Load(rate=f * rate, duration_s=seconds, warmup_s=1.0, drain_s=DRAIN_S)
+                    load = Load(rate=f * a.claim, duration_s=seconds, warmup_s=1.0, drain_s=DRAIN_S)
                     out = await _send(a, load, slo_ms, seed=run, throttle_k=throttle_k)
                     cpu = meter.percent()
                     own = {"server": cpu["server"], "generator": cpu["generator"],
                            "gateway": cpu.get(SHARED_GATEWAY.get(a.name, a.name), 0.0)}  # its Envoy
-                    row = {"run": run, **summarize(out, load, rate, slo_ms), "cpu_percent": own}
+                    row = {"run": run, **summarize(out, load, a.claim, slo_ms), "cpu_percent": own}
+                    row["goodput_direct_ratio"] = round(row["goodput_rps"] / rate, 3)  # over the claim without it
                     rows[a.name][str(f)].append(row)
                     log(f"  run {run + 1} " + format_row(a.name, f, row))
         added = await _added_latency(Approach("direct", direct, free, FREE_CLASSES),
@@ -287,7 +309,8 @@ async def _bench_config(r, label: str, copies: Copies, slo_ms: float, seconds: f
             f"{added['gateway']['p50_ms']:.2f} ms, P95 {added['direct']['p95_ms']:.2f} -> "
             f"{added['gateway']['p95_ms']:.2f} ms")
     summary = {a: {f: median_row(fr) for f, fr in by_factor.items()} for a, by_factor in rows.items()}
-    return {**claim, "limits": {g: dataclasses.asdict(own) for g, own in limits.items()},
+    return {**claim, "gateway_claim": through or None,
+            "limits": {g: dataclasses.asdict(own) for g, own in limits.items()},
             "approaches": summary, "runs": rows, "added_latency": added}
 
 
@@ -311,14 +334,19 @@ def format_table(label: str, result: dict) -> list[str]:
             return "-"
         return f"{fig['median']:.2f} ({fig['min']:.2f}-{fig['max']:.2f})"
 
-    lines = [f"{label}: claim {result['claim_rps']:.0f} req/s, P95 there {_ms(result.get('claim_p95_ms'))} ms",
-             f"  {'approach':<17} {'load':>5}  {'goodput/claim':<18} {'interactive':<18} {'refusal P95 ms':<20} "
-             f"{'late':<10} cpu server/gateway/generator %"]
+    through = result.get("gateway_claim") or {}
+    gateway = (f"; through the gateway {through['claim_rps']:.0f} req/s, P95 there "
+               f"{_ms(through.get('claim_p95_ms'))} ms" if through.get("claim_rps") else "")
+    lines = [f"{label}: claim {result['claim_rps']:.0f} req/s, P95 there {_ms(result.get('claim_p95_ms'))} ms"
+             + gateway + " (a gateway's loads and goodput are of the claim through it)",
+             f"  {'approach':<17} {'load':>5}  {'goodput/claim':<18} {'of the direct claim':<20} "
+             f"{'interactive':<18} {'refusal P95 ms':<20} {'late':<10} cpu server/gateway/generator %"]
     for approach, by_factor in result.get("approaches", {}).items():
         for f, m in by_factor.items():
             cpu = m["cpu_percent"]
             late = "-" if m["late"] is None else f"{m['late']['max']:.0f} max"
             lines.append(f"  {approach:<17} {float(f):>4g}x  {span(m['goodput_ratio']):<18} "
+                         f"{span(m.get('goodput_direct_ratio')):<20} "
                          f"{span(m['interactive_within_ratio']):<18} {span(m['refusal_p95_ms']):<20} "
                          f"{late:<10} "
                          f"{cpu['server']:.0f}/{cpu['gateway']:.0f}/{cpu['generator']:.0f}")

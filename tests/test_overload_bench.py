@@ -86,3 +86,27 @@ def test_each_config_is_served_as_written_free_of_queues_and_by_priority_alone(w
         db = prio.dynamic_batching
         assert (db.priority_levels, db.default_priority_level) == (2, 2), label
         assert not db.HasField("default_queue_policy") and not db.priority_queue_policy, label
+
+
+def test_behind_a_gateway_each_load_is_a_factor_of_the_claim_made_through_it():
+    """As `tune --url` through the gateway would claim: the gateway approaches load and score at the
+    claim measured through a proxy, the rest at the claim without one, and the table shows both."""
+    from tritonkit.benchmarks.overload import APPROACHES, Copies, _approaches, format_table, median_row
+
+    copies = Copies("m__spec", "m__spec_free", "m__spec_prio")
+    gateways = {g: (f"127.0.0.1:{9000 + i}", None) for i, g in enumerate(("gateway_fixed", "gateway_adaptive"))}
+    approaches = {a.name: a for a in _approaches("127.0.0.1:8001", copies, gateways, APPROACHES, 200.0, 170.0)}
+    assert {n: a.claim for n, a in approaches.items()} == {
+        "queue_policy": 200.0, "gateway_fixed": 170.0, "gateway_adaptive": 170.0, "gateway_priority": 170.0,
+        "client_throttle": 200.0}
+    assert approaches["gateway_priority"].url == gateways["gateway_adaptive"][0]  # through the adaptive Envoy
+    assert approaches["gateway_priority"].model == copies.priority
+
+    row = {"goodput_ratio": 0.9, "goodput_direct_ratio": round(0.9 * 170 / 200, 3), "interactive_within_ratio": 1.2,
+           "refusal_p95_ms": 3.0, "late": 0, "generator_limited": False,
+           "cpu_percent": {"server": 85.0, "gateway": 13.0, "generator": 25.0}}
+    result = {"claim_rps": 200.0, "claim_p95_ms": 80.0, "gateway_claim": {"claim_rps": 170.0, "claim_p95_ms": 85.0},
+              "approaches": {"gateway_adaptive": {"1.5": median_row([row])}}}
+    head, _, line = format_table("spec", result)
+    assert "claim 200 req/s" in head and "through the gateway 170 req/s" in head
+    assert "0.90 (0.90-0.90)" in line and "0.77 (0.77-0.77)" in line
