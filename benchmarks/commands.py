@@ -222,7 +222,7 @@ def register(sub) -> None:
     sp.add_argument("--runs", type=int, default=3, help="routing: step runs (edge slows down, then recovers); "
                                                                  "overload: runs per approach and load")
     sp.add_argument("--approach", action="append", choices=APPROACHES,
-                    help="overload: measure only this approach (repeat for more; default: all six)")
+                    help="overload: measure only this approach (repeat for more; default: all seven)")
     sp.add_argument("--throttle-k", type=float, default=THROTTLE_K,
                     help="overload: the client throttle's K, the ratio of requests sent to requests accepted "
                          "it allows (default %(default)g, the SRE book's)")

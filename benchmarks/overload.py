@@ -8,7 +8,7 @@ that rate within the SLO whatever arrives, and turns the rest away at once. Behi
 claim is the one measured through it (an Envoy that only proxies), as `tune --url` through the
 gateway makes it: the proxy's latency and its share of the server's cores belong to that
 deployment, and its admission can keep no more. Each row also gives its goodput over the claim
-without the gateway, so its cost stays in view. Six approaches, each at 0.8x, 1.5x, 2x and 3x its
+without the gateway, so its cost stays in view. Seven approaches, each at 0.8x, 1.5x, 2x and 3x its
 claim, interleaved run by run so that a noisy minute on this shared box falls on all of them alike:
 
 - queue_policy: Triton alone, the config as written (its priority levels and queue policies);
@@ -22,11 +22,13 @@ claim, interleaved run by run so that a noisy minute on this shared box falls on
 - gateway_priority: the same Envoy in front of a copy with Triton's priority levels and no queue
   policy: the gateway bounds the queue, Triton serves interactive requests first within it, and
   nothing bounded stalls the batcher (2.51 still turns its prefetch off under priority levels);
+- gateway_policy: the same Envoy in front of the config as written, its queue policies kept: what
+  `serve` runs when a spec turns the gateway on and keeps its policies;
 - client_throttle: no gateway; the client refuses locally by the SRE formula (clients/throttle.py)
   and sends each request with the SLO as its gRPC deadline.
 
 A quarter of the traffic is interactive: priority 1 for Triton's queues, the HIGH route for the
-gateway (both behind gateway_priority). Reported per run, all measured here: goodput (answered
+gateway (both behind gateway_priority and gateway_policy). Reported per run, all measured here: goodput (answered
 within the SLO per second) over the claim; interactive requests answered within the SLO over
 min(those offered, a quarter of the claim); a refusal's P95 (every failure but a deadline, which
 takes the SLO by construction); late answers (accepted and answered after the SLO, or still out
@@ -75,7 +77,7 @@ FACTORS = (0.8, 1.5, 2.0, 3.0)
 RUNS = 3
 INTERACTIVE_SHARE = 0.25
 APPROACHES = ("queue_policy", "gateway_fixed", "gateway_little", "gateway_adaptive", "gateway_priority",
-              "client_throttle")
+              "gateway_policy", "client_throttle")
 THROTTLE_K = 2.0  # the SRE book's suggestion
 # Triton's queues see the priority; on the policy-free copy (no priority levels) both classes are
 # priority 0 and the gateway tells them apart by the class header run_load sends.
@@ -208,8 +210,9 @@ def gateway_limits(claim_rps: float, p95_ms: float, deadline_ms: float | None, s
             "gateway_adaptive": GatewayLimits.from_claim(*at_claim, adaptive_slo_ms=slo_ms)}
 
 
-# An approach measured through another's Envoy: its CPU is that Envoy's
-SHARED_GATEWAY = {"gateway_priority": "gateway_adaptive"}
+# An approach measured through another's Envoy (its CPU is that Envoy's), and the copy it loads
+SHARED_GATEWAY = {"gateway_priority": "gateway_adaptive", "gateway_policy": "gateway_adaptive"}
+SHARED_COPY = {"gateway_priority": "priority", "gateway_policy": "written"}
 
 
 # The claim's own gateway: Envoy with a breaker far above anything in flight and no deadline, a
@@ -222,7 +225,8 @@ def _approaches(direct: str, copies: Copies, gateways: dict, chosen: tuple[str, 
     """Each approach at its own claim: behind the gateway, the one measured through it."""
     every = [Approach("queue_policy", direct, copies.written, CLASSES, claim),
              *(Approach(g, url, copies.free, FREE_CLASSES, gateway_claim) for g, (url, _) in gateways.items()),
-             *(Approach(p, gateways[g][0], copies.priority, CLASSES, gateway_claim) for p, g in SHARED_GATEWAY.items()),
+             *(Approach(p, gateways[g][0], getattr(copies, SHARED_COPY[p]), CLASSES, gateway_claim)
+               for p, g in SHARED_GATEWAY.items()),
              Approach("client_throttle", direct, copies.free, FREE_CLASSES, claim, throttled=True)]
     return [a for a in every if a.name in chosen]
 

@@ -98,9 +98,10 @@ def test_behind_a_gateway_each_load_is_a_factor_of_the_claim_made_through_it():
     approaches = {a.name: a for a in _approaches("127.0.0.1:8001", copies, gateways, APPROACHES, 200.0, 170.0)}
     assert {n: a.claim for n, a in approaches.items()} == {
         "queue_policy": 200.0, "gateway_fixed": 170.0, "gateway_adaptive": 170.0, "gateway_priority": 170.0,
-        "client_throttle": 200.0}
+        "gateway_policy": 170.0, "client_throttle": 200.0}
     assert approaches["gateway_priority"].url == gateways["gateway_adaptive"][0]  # through the adaptive Envoy
     assert approaches["gateway_priority"].model == copies.priority
+    assert approaches["gateway_policy"].model == copies.written  # its queue policies kept, behind Envoy
 
     row = {"goodput_ratio": 0.9, "goodput_direct_ratio": round(0.9 * 170 / 200, 3), "interactive_within_ratio": 1.2,
            "refusal_p95_ms": 3.0, "late": 0, "generator_limited": False,
