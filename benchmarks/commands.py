@@ -110,7 +110,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
                                                                  "use 1 or more, e.g. 2")])
         run_overload_bench(configs, model.name, a.out / "overload_repo", a.state_dir, a.out,
                            seconds=a.seconds, runs=a.runs, throttle_k=a.throttle_k,
-                           approaches=tuple(a.approach or APPROACHES), log=say)
+                           approaches=tuple(a.approach or APPROACHES), pod=not a.flat_cgroup, log=say)
         say(f"wrote {a.out / 'bench_overload.json'}")
     elif a.what == "buckets":
         raise_flag_problems([("--runs", a.runs >= 1, "measure each way at least once, e.g. 3"),
@@ -226,6 +226,9 @@ def register(sub) -> None:
     sp.add_argument("--throttle-k", type=float, default=THROTTLE_K,
                     help="overload: the client throttle's K, the ratio of requests sent to requests accepted "
                          "it allows (default %(default)g, the SRE book's)")
+    sp.add_argument("--flat-cgroup", action="store_true",
+                    help="overload: leave the server and the gateways in this process's CPU cgroup instead of "
+                         "one per container, weighted by the chart's requests as in a pod")
     sp.add_argument("--requests", type=int, default=300, help="routing: requests per fixed case")
     sp.add_argument("--concurrency", type=int, default=4, help="routing: requests in flight")
     sp.add_argument("--delay-ms", type=float, default=15.0, help="routing: the cloud link's delay, each way")

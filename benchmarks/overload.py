@@ -57,6 +57,7 @@ import psutil
 
 from tritonkit.benchmarks.claim import DRAIN_S, claim_rate
 from tritonkit.benchmarks.cores import pinned, split_cores
+from tritonkit.benchmarks.pod_cpu import Pod, chart_requests, pod_cpu
 from tritonkit.clients import AsyncClient
 from tritonkit.clients.throttle import AdaptiveThrottle, ThrottledClient
 from tritonkit.configs.gateway import GatewayLimits, Upstream, bootstrap
@@ -187,12 +188,19 @@ async def _send(a: Approach, load: Load, slo_ms: float, seed: int, throttle_k: f
         return await run_load(a.url, a.model, load, a.classes, seed=seed, target=target)
 
 
+def _in(pod: Pod | None, container: str):
+    """Children started in the block go into `container`'s cgroup of the pod, if there is one."""
+    return pod.member(container) if pod else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
-def _gateways(grpc_port: int, limits: dict[str, GatewayLimits], folder: Path, cpus: set[int] | None):
-    """An Envoy per named limits in front of the server's gRPC port, on the server's cores."""
+def _gateways(grpc_port: int, limits: dict[str, GatewayLimits], folder: Path, cpus: set[int] | None,
+              pod: Pod | None = None):
+    """An Envoy per named limits in front of the server's gRPC port, on the server's cores (in the
+    gateway container's cgroup)."""
     with contextlib.ExitStack() as stack:
         started = {}
-        with pinned(cpus):  # a child keeps the affinity it was started with
+        with pinned(cpus), _in(pod, "gateway"):  # a child keeps the affinity and cgroup it was started with
             for name, own in limits.items():
                 port, admin = free_port(), free_port()
                 config = folder / f"{name}.json"
@@ -263,7 +271,7 @@ def median_row(runs: list[dict]) -> dict:
 async def _bench_config(r, label: str, copies: Copies, slo_ms: float, seconds: float, runs: int,
                         folder: Path, server_cpus: set[int] | None, generator_cpus: set[int] | None,
                         log: Callable[[str], None], throttle_k: float = THROTTLE_K,
-                        chosen: tuple[str, ...] = APPROACHES) -> dict:
+                        chosen: tuple[str, ...] = APPROACHES, pod: Pod | None = None) -> dict:
     direct, free = r.endpoints.grpc, copies.free
     with pinned(generator_cpus):
         claim = await claim_rate(direct, free, slo_ms, seconds, log)
@@ -277,7 +285,8 @@ async def _bench_config(r, label: str, copies: Copies, slo_ms: float, seconds: f
     through = {}
     if any(a.startswith("gateway_") for a in chosen):
         log("  the claim through the gateway (a proxy, no limit):")
-        with _gateways(r.endpoints.grpc_port, {"proxy": PROXY}, folder, server_cpus) as proxy, pinned(generator_cpus):
+        with _gateways(r.endpoints.grpc_port, {"proxy": PROXY}, folder, server_cpus, pod) as proxy, \
+                pinned(generator_cpus):
             through = await claim_rate(proxy["proxy"][0], free, slo_ms, seconds, log)
     gateway_rate = through.get("claim_rps") or rate
     gateway_p95 = through.get("claim_p95_ms") or claim["claim_p95_ms"]
@@ -288,7 +297,7 @@ async def _bench_config(r, label: str, copies: Copies, slo_ms: float, seconds: f
     limits = gateway_limits(gateway_rate, gateway_p95, deadline, slo_ms)
     for g, own in limits.items():
         log(f"  {g}: {own.describe()}")
-    with _gateways(r.endpoints.grpc_port, limits, folder, server_cpus) as gateways, pinned(generator_cpus):
+    with _gateways(r.endpoints.grpc_port, limits, folder, server_cpus, pod) as gateways, pinned(generator_cpus):
         approaches = _approaches(direct, copies, gateways, chosen, rate, gateway_rate)
         meter = CpuMeter({"server": r.server.proc.pid},
                          {"generator": os.getpid(), **{n: e.proc.pid for n, (_, e) in gateways.items()}})
@@ -372,10 +381,13 @@ def served_copies(configs: dict[str, Spec], model: str) -> tuple[Spec, dict[str,
 
 def run_overload_bench(configs: dict[str, Spec], model: str, repo: Path, state_dir: Path, out_dir: Path, *,
                        seconds: float = 4.0, runs: int = RUNS, throttle_k: float = THROTTLE_K,
-                       approaches: tuple[str, ...] = APPROACHES, log: Callable[[str], None] = print) -> dict:
+                       approaches: tuple[str, ...] = APPROACHES, pod: bool = True,
+                       log: Callable[[str], None] = print) -> dict:
     """`configs`: label -> resolved spec (the spec as written, the tuned one). One server serves
     every variant; each is measured in turn, by `approaches` (each gateway is started whichever run:
-    the added latency is measured through the fixed one)."""
+    the added latency is measured through the fixed one). `pod`: the server and the gateways in a
+    CPU cgroup each, weighted as the chart's pod weights them (benchmarks/pod_cpu.py), where this
+    machine allows; else in this process's."""
     first = next(iter(configs.values()))
     slo_ms = first.model(model).slo.p95_ms
     if slo_ms is None:
@@ -392,7 +404,12 @@ def run_overload_bench(configs: dict[str, Spec], model: str, repo: Path, state_d
     ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
     folder = Path(state_dir) / "overload"
     folder.mkdir(parents=True, exist_ok=True)
-    with running(served, repo, state_dir, ports=ports, log=log, cpus=server_cpus) as r:
+    with contextlib.ExitStack() as stack:
+        cgroups = stack.enter_context(pod_cpu(chart_requests())) if pod else None
+        result["pod_cpu"] = cgroups.describe() if cgroups else None
+        log(f"CPU: {cgroups.describe()}" if cgroups else "CPU: the server and the gateways in this process's cgroup")
+        with _in(cgroups, "triton"):  # Triton's backend stubs, started by it later, stay in its cgroup
+            r = stack.enter_context(running(served, repo, state_dir, ports=ports, log=log, cpus=server_cpus))
         for label, spec in configs.items():
             m = spec.model(model)
             log(f"== {label}: {m.instances.count} instance(s), priority levels {m.batching.priority_levels}, "
@@ -401,7 +418,7 @@ def run_overload_bench(configs: dict[str, Spec], model: str, repo: Path, state_d
                 "policy": policy_label(m.batching), "instances": m.instances.count,
                 "tuned_in_flight": m.admission.max_in_flight,
                 **asyncio.run(_bench_config(r, label, names[label], slo_ms, seconds, runs, folder, server_cpus,
-                                            generator_cpus, log, throttle_k, approaches))}
+                                            generator_cpus, log, throttle_k, approaches, cgroups))}
     for label, res in result["configs"].items():
         for line in format_table(label, res):
             log(line)
