@@ -1269,6 +1269,27 @@ def test_for_throughput_a_neighbour_wins_by_holding_the_rung_the_incumbent_misse
     assert search.challenge(won, weak) is None and len(sim.trials) - before == 1
 
 
+def test_a_neighbour_that_holds_the_rung_above_wins_only_beside_the_incumbent():
+    """The wide recogniser beside the noise source: the runner-up held the rung above in two runs,
+    minutes after the incumbent had missed it once, and only one trial was left. A hold minutes
+    after a miss is no comparison: without the pair beside the incumbent it decides nothing, and
+    the incumbent stays; with the trials for the pair, the same neighbour wins."""
+    objective = Objective(SLO_MS)
+    weak, strong = Knobs(16, 2000, 1), Knobs(16, 2000, 2)
+    rules = replace(RULES, clear=math.inf)  # every verdict takes the majority: two holding runs
+    for left, decided in ((1, False), (2, True)):
+        sim = TrueWorldTrials()
+        search = Search(sim, objective, bound=16, max_trials=60, log=lambda s: None, rules=rules)
+        incumbent = search.evaluate(weak, "start", start_rate=100.0)
+        search.max_trials = len(sim.trials) + search.reserved + 2 + left  # `left` after the verdict
+        before = len(sim.trials)
+        won = search.challenge(incumbent, strong)
+        runs = sim.trials[before:]
+        assert [t.passed for t in runs if t.label == strong.label()][:2] == [True, True]
+        assert (won is not None) == decided, left
+        assert any(t.phase == "incumbent" for t in runs) == decided  # the pair beside it, where it could run
+
+
 def test_the_ablation_bench_switches_each_rule_off_in_one_place(tmp_path):
     """`bench ablation` runs the noisy world once per variant of the one Rules object: with every
     rule on, no confirmed rate lies past its config's true edge; without the one-run verdict every

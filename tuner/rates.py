@@ -157,7 +157,13 @@ class Rates:
                 return None
             above = inc.rate * self.rules.rate_step
             ok, runs = self.verdict_at(k, above, phase)
-            if ok and self.budget_left >= 2:
+            if ok and self.budget_left < 2:
+                # a hold minutes after the incumbent's miss is no comparison: without the pair
+                # beside it, nothing is decided and the incumbent stays
+                self.log(f"    undecided: it holds {above:.0f} req/s, and no trials are left to run it beside "
+                         f"the incumbent there")
+                return None
+            if ok:
                 # held where the incumbent stopped, minutes later: the incumbent there again, beside
                 # it (I C), decides whether it is faster or the machine was
                 i, c = self.measure(inc.knobs, above, "incumbent"), self.measure(k, above, phase)
