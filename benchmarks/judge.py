@@ -3,12 +3,19 @@ measured by perf_analyzer (NVIDIA's C++ client, the tool Triton users trust) wit
 interleaved, round after round.
 
 Each config is loaded as its own copy of the model (`<model>__<entrant>`), so no reload stands
-between two measurements. In a round each entrant walks a ladder down in JUDGE_STEP steps from one
-15% rung above its claim (an entrant without one is given the first rate it holds in 15% steps
-down from its capacity, perf_analyzer's closed loop); the entrants take one run each in turn, in
+between two measurements. Every entrant starts a round at the same rate, a 15% rung above the
+highest claim (an entrant without one is given the first rate it holds in 15% steps down from its
+capacity, perf_analyzer's closed loop), walks down in those rungs to the first rate it holds, and
+climbs from there in JUDGE_STEP steps while it holds; the entrants take one run each in turn, in
 an order that rotates from round to round, so a slow minute of the machine hits all alike. An
-entrant's figure for the round is the first rate where its run's P95 is within the SLO and at most
+entrant's figure for the round is the last rate where its run's P95 was within the SLO and at most
 `max_errors` of its requests failed. The figure is the median of the rounds, with their spread.
+
+One start for all, because on a noisy box a ladder is anchored where it starts: a walk down stops
+at its first hold and a climb at its first miss, so a config started from a low claim scores near
+that claim. Beside the noise source the same config, started from three entrants' own claims, was
+judged 195, 240 and 300 req/s in the same rounds; from one start the procedure is the same for
+every entrant, and only the configs and the noise tell them apart.
 
 perf_analyzer gives up on a measurement at its first failed request, and Triton 2.51 counts queue
 timeouts in its statistics but not a full queue's refusals. So a run that perf_analyzer abandons
@@ -37,9 +44,11 @@ from tritonkit.tuner.ladder import walk_down, walk_up
 from tritonkit.tuner.strategy import drive
 
 JUDGE_STEP = 1.05  # the figure's resolution: two configs differ by what they hold, not by a coarse rung
-START_ABOVE = 1.15  # the ladder starts this far above the highest claim, so a figure is an edge, not a claim
+# the ladder starts this far above the highest claim, so a figure is an edge, not a claim, and walks
+# down in rungs this large to the first hold (then climbs in JUDGE_STEP steps)
+START_ABOVE = 1.15
 FLOOR_BELOW = 4.0  # ... and stops this far below the lowest: an entrant that holds nothing there scores 0
-# An entrant that holds at its start climbs at most this far above it: a claim of half what a config
+# An entrant that holds at the start climbs at most this far above it: a claim of half what a config
 # holds is the tuner's failure to report (a finding in itself), not a figure worth 15 more runs a round
 CLIMB_LIMIT = 2.0
 CALIBRATION_S = 3.0
@@ -94,16 +103,23 @@ def judge(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, p95_ms
         # each entrant's claim: what its search said, or found here in coarse steps down from its capacity
         claims = {e.name: e.claim_rps or bracket(e.name, calibrate(url, judged_name(model, e.name), e.model, log),
                                                  measure) for e in entrants}
-        starts = {name: claim * START_ABOVE for name, claim in claims.items()}
-        floors = {name: floor_rps or claim / FLOOR_BELOW for name, claim in claims.items()}
-        log(f"== the judge: {rounds} rounds, each entrant from a rung above its claim down in {JUDGE_STEP - 1:.0%} "
-            f"steps, P95 <= {p95_ms:g} ms, errors <= {max_errors:.0%}, {seconds:g} s a run")
+        start, floor = ladder_bounds(claims, floor_rps)
+        starts, floors = dict.fromkeys(claims, start), dict.fromkeys(claims, floor)
+        log(f"== the judge: {rounds} rounds, every entrant from {start:.0f} req/s (a rung above the highest claim) "
+            f"down in {START_ABOVE - 1:.0%} rungs to its first hold, then up in {JUDGE_STEP - 1:.0%} steps, "
+            f"P95 <= {p95_ms:g} ms, errors <= {max_errors:.0%}, {seconds:g} s a run")
         figures, p95_at = ladder(starts, floors, rounds, measure, log, climb_limit)
     return {"p95_ms": p95_ms, "max_errors": max_errors, "rounds": rounds, "seconds": seconds,
             "step": JUDGE_STEP, "claims": {k: round(v, 1) for k, v in claims.items()},
             "entrants": {e.name: _summary(e, figures[e.name], p95_at[e.name], runs, starts[e.name])
                          for e in entrants},
             "runs": [vars(x) for x in runs]}
+
+
+def ladder_bounds(claims: dict[str, float], floor_rps: float | None = None) -> tuple[float, float]:
+    """Where every entrant starts, a rung above the highest claim, and the floor it stops at,
+    `floor_rps` or FLOOR_BELOW under the lowest (the module's docstring says why one start)."""
+    return max(claims.values()) * START_ABOVE, floor_rps or min(claims.values()) / FLOOR_BELOW
 
 
 def judge_at_rate(spec: Spec, model: str, entrants: list[Entrant], work: Path, *, rps: float, p95_ms: float,
@@ -146,15 +162,18 @@ def _measurer(url: str, model: str, runs: list[Run], seconds: float, p95_ms: flo
 
 class JudgeRound:
     """One round of the judge, as a strategy (`tuner/strategy.py`: ask and tell, never measuring):
-    each entrant walks from its own start in JUDGE_STEP steps, down to the first rate it holds, or,
-    where it holds at its start, up while it holds, to `climb_limit` times its start (a start is a
-    claim, never a ceiling). The entrants take one run each in turn, in `order`, so a drift of the
-    machine falls on all alike. `result`: each entrant's run that gave its figure, None where it
-    held nothing above its floor."""
+    each entrant walks from its start down in `down` rungs to the first rate it holds, then up in
+    JUDGE_STEP steps while it holds, short of the rung it missed above (where it holds at its start,
+    up to `climb_limit` times the start: a start is a claim, never a ceiling). The entrants take
+    one run each in turn, in `order`, so a drift of the machine falls on all alike. `result`: each
+    entrant's last run that held, None where it held nothing above its floor."""
 
-    def __init__(self, starts: dict[str, float], floors: dict[str, float], order: list[str], climb_limit: float):
-        self.starts, self.floors, self.climb_limit = starts, floors, climb_limit
+    def __init__(self, starts: dict[str, float], floors: dict[str, float], order: list[str], climb_limit: float,
+                 down: float = START_ABOVE):
+        self.floors, self.down = floors, down
         self.rate = dict(starts)
+        # no rate at or above this: the lowest the entrant missed, or the climb's limit
+        self.ceiling = {n: s * climb_limit * (1 + 1e-9) for n, s in starts.items()}
         self.climbing: dict[str, Run] = {}  # entrant -> its last run that held, while it climbs
         self.pending = list(order)
         self.result: dict[str, Run | None] = {}
@@ -173,15 +192,17 @@ class JudgeRound:
 
     def tell(self, candidate: tuple[str, float], run: Run | None) -> None:
         name, rate = candidate
-        held = run is not None and run.held
-        if held and (rate == self.starts[name] or name in self.climbing) and \
-                rate * JUDGE_STEP <= self.starts[name] * self.climb_limit:
+        if run is not None and run.held:
             self.climbing[name] = run
-            self.rate[name] = rate * JUDGE_STEP
-        elif name in self.climbing or held:
-            self._done(name, run if held else self.climbing[name])  # the last rate that held
+            if rate * JUDGE_STEP < self.ceiling[name]:
+                self.rate[name] = rate * JUDGE_STEP
+            else:
+                self._done(name, run)
+        elif name in self.climbing:
+            self._done(name, self.climbing[name])  # the last rate that held
         else:
-            self.rate[name] = rate / JUDGE_STEP
+            self.ceiling[name] = rate
+            self.rate[name] = rate / self.down
 
     def _done(self, name: str, run: Run | None) -> None:
         self.result[name] = run

@@ -91,9 +91,7 @@ def _versus(case: str, folder: Path, *, ma_wall_s: float, rounds: int, seconds: 
         # the config the tuning writes: the start where it wrote none
         written = t.best.knobs if t.written else from_spec(start)
         # no claim for the judge: it brackets every entrant from its own capacity, the kit's as Model
-        # Analyzer's, so that no side starts below its edge and climbs (a walk up stops at its first
-        # miss, a walk down at its first hold: the same config judged from a claim below its edge and
-        # from above it differed by up to 28%)
+        # Analyzer's, and starts them all a rung above the highest (benchmarks/judge.py says why)
         entrants.append(Entrant(name, written.model(start)))
         claims[name] = None if rps or not t.confirmed else t.best.rate
         sides[name] = {"search_s": round(tuned.seconds, 1), "measurements": len(tuned.trials.trials),

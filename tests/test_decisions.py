@@ -1179,10 +1179,10 @@ def test_a_hedge_that_lost_is_cancelled_only_where_the_server_survives_it(versio
 
 
 def test_the_judge_ladder_scores_each_entrant_where_it_stops_holding():
-    """The judge's rule, without a server: each entrant from its start down in 5% steps, the
-    entrants taking one run each in turn (the first alternating between rounds); a figure is the
-    first rate that held, within one step of where the entrant stops holding; one that holds
-    nowhere scores 0."""
+    """The judge's rule, without a server: each entrant from its start down in 15% rungs to its
+    first hold, then up in 5% steps while it holds, the entrants taking one run each in turn (the
+    first alternating between rounds); a figure is the last rate that held, within one step of
+    where the entrant stops holding; one that holds nowhere scores 0."""
     from tritonkit.benchmarks.judge import Run, ladder
 
     edges = {"a": 500.0, "b": 400.0, "never": 0.0}
@@ -1201,10 +1201,10 @@ def test_the_judge_ladder_scores_each_entrant_where_it_stops_holding():
     second = calls[[i for i, c in enumerate(calls) if c[1] == 600.0][3]:]
     assert second[0][0] == "b"  # round 2 starts with the next entrant
     assert min(r for _, r in calls) >= 150.0  # never below the floor
-    # each entrant walks down from its own start, the runs still taken in turn
-    calls.clear()
-    figures, _ = ladder({"a": 600.0, "b": 450.0}, {"a": 150.0, "b": 150.0}, 1, measure, log=lambda s: None)
-    assert calls[:2] == [("a", 600.0), ("b", 450.0)] and figures["b"][0] > edges["b"] / JUDGE_STEP
+    # down in 15% rungs, then up in 5% steps short of the rung it missed: never a rate twice
+    walk = [r for n, r in calls[:len(calls) // 2] if n == "b"]  # its edge 400: three misses, a hold, a miss
+    assert walk == pytest.approx([600.0, 600 / 1.15, 600 / 1.15 ** 2, 600 / 1.15 ** 3, 600 / 1.15 ** 3 * JUDGE_STEP])
+    assert len(set(walk)) == len(walk)
     # an entrant that holds at its start climbs to its edge: a claim set too low is no ceiling
     calls.clear()
     figures, _ = ladder({"a": 300.0, "b": 600.0}, {"a": 75.0, "b": 150.0}, 1, measure, log=lambda s: None)
@@ -1226,6 +1226,18 @@ def test_a_winner_that_batches_as_the_start_did_is_kept_not_a_change():
     assert Tuning(Objective(SLO_MS), start, protected, None, 16).kept  # a new queue policy alone moves nothing
     moved = Score(Knobs(8, 2000, 2), 600.0, 600.0, None)
     assert not Tuning(Objective(SLO_MS), start, moved, None, 16).kept
+
+
+def test_every_entrant_starts_the_judges_ladder_at_the_same_rate():
+    """Beside the noise source the same config, started from three entrants' own claims (177, 375
+    and 285 req/s), was judged 195, 240 and 300: a walk down stops at its first hold, a climb at its
+    first miss, so a ladder is anchored where it starts. Every entrant now starts a rung above the
+    highest claim and stops at the floor below the lowest."""
+    from tritonkit.benchmarks.judge import FLOOR_BELOW, START_ABOVE, ladder_bounds
+
+    start, floor = ladder_bounds({"kit1": 177.0, "kit2": 375.0, "model_analyzer": 285.0})
+    assert start == pytest.approx(375.0 * START_ABOVE) and floor == pytest.approx(177.0 / FLOOR_BELOW)
+    assert ladder_bounds({"a": 100.0}, floor_rps=10.0) == (pytest.approx(100.0 * START_ABOVE), 10.0)
 
 
 def test_the_judge_brackets_a_claim_from_a_capacity_either_side_of_it():
