@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,11 +86,21 @@ def pod_cpu(requests: dict[str, int], name: str = "tritonkit-bench") -> Iterator
         yield made
     finally:
         if made:
-            for child in requests:
-                with contextlib.suppress(OSError):
-                    (made.parent / child).rmdir()
-            with contextlib.suppress(OSError):
-                made.parent.rmdir()
+            _remove(made.parent, list(requests))
+
+
+def _remove(parent: Path, children: list[str], wait_s: float = 10.0) -> None:
+    """The pod's cgroups, once the processes in them are gone: a stopped server's backend stubs and
+    a stopped Envoy can take a moment to leave, and a cgroup is busy until they have."""
+    deadline = time.monotonic() + wait_s
+    for path in [*(parent / c for c in children), parent]:
+        while path.exists():
+            try:
+                path.rmdir()
+            except OSError:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.1)
 
 
 def _make(name: str, requests: dict[str, int]) -> Pod | None:
