@@ -218,9 +218,9 @@ def gateway_limits(claim_rps: float, p95_ms: float, deadline_ms: float | None, s
             "gateway_adaptive": GatewayLimits.from_claim(*at_claim, adaptive_slo_ms=slo_ms)}
 
 
-# An approach measured through another's Envoy (its CPU is that Envoy's), and the copy it loads
-SHARED_GATEWAY = {"gateway_priority": "gateway_adaptive", "gateway_policy": "gateway_adaptive"}
-SHARED_COPY = {"gateway_priority": "priority", "gateway_policy": "written"}
+# An approach measured through another's Envoy (its CPU is that Envoy's): that Envoy, and the copy it loads
+SHARED_GATEWAY = {"gateway_priority": ("gateway_adaptive", "priority"),
+                  "gateway_policy": ("gateway_adaptive", "written")}
 
 
 # The claim's own gateway: Envoy with a breaker far above anything in flight and no deadline, a
@@ -233,8 +233,8 @@ def _approaches(direct: str, copies: Copies, gateways: dict, chosen: tuple[str, 
     """Each approach at its own claim: behind the gateway, the one measured through it."""
     every = [Approach("queue_policy", direct, copies.written, CLASSES, claim),
              *(Approach(g, url, copies.free, FREE_CLASSES, gateway_claim) for g, (url, _) in gateways.items()),
-             *(Approach(p, gateways[g][0], getattr(copies, SHARED_COPY[p]), CLASSES, gateway_claim)
-               for p, g in SHARED_GATEWAY.items()),
+             *(Approach(p, gateways[g][0], getattr(copies, copy), CLASSES, gateway_claim)
+               for p, (g, copy) in SHARED_GATEWAY.items()),
              Approach("client_throttle", direct, copies.free, FREE_CLASSES, claim, throttled=True)]
     return [a for a in every if a.name in chosen]
 
@@ -310,7 +310,7 @@ async def _bench_config(r, label: str, copies: Copies, slo_ms: float, seconds: f
                     out = await _send(a, load, slo_ms, seed=run, throttle_k=throttle_k)
                     cpu = meter.percent()
                     own = {"server": cpu["server"], "generator": cpu["generator"],
-                           "gateway": cpu.get(SHARED_GATEWAY.get(a.name, a.name), 0.0)}  # its Envoy
+                           "gateway": cpu.get(SHARED_GATEWAY.get(a.name, (a.name,))[0], 0.0)}  # its Envoy
                     row = {"run": run, **summarize(out, load, a.claim, slo_ms), "cpu_percent": own}
                     row["goodput_direct_ratio"] = round(row["goodput_rps"] / rate, 3)  # over the claim without it
                     rows[a.name][str(f)].append(row)

@@ -60,9 +60,7 @@ class Pod:
         self.home = _own_cgroup(version)
 
     def describe(self) -> str:
-        kind = "cpu.shares" if self.version == 1 else "cpu.weight"
-        per = ", ".join(f"{n} {m}m ({kind} {shares(m) if self.version == 1 else weight(m)})"
-                        for n, m in self.requests.items())
+        per = ", ".join("{} {}m ({} {})".format(n, m, *_knob(self.version, m)) for n, m in self.requests.items())
         return f"a cgroup per container, weighted by the chart's requests: {per}"
 
     @contextlib.contextmanager
@@ -116,16 +114,17 @@ def _make(name: str, requests: dict[str, int]) -> Pod | None:
                 (parent / "cgroup.subtree_control").write_text("+cpu")
             for child, mcpu in requests.items():
                 (parent / child).mkdir()
-                knob, value = ("cpu.shares", shares(mcpu)) if version == 1 else ("cpu.weight", weight(mcpu))
+                knob, value = _knob(version, mcpu)
                 (parent / child / knob).write_text(str(value))
             return Pod(parent, version, requests)
         except OSError:
-            for child in requests:
-                with contextlib.suppress(OSError):
-                    (parent / child).rmdir()
-            with contextlib.suppress(OSError):
-                parent.rmdir()
+            _remove(parent, list(requests), wait_s=0)
     return None
+
+
+def _knob(version: int, mcpu: int) -> tuple[str, int]:
+    """The file that weights a cgroup's CPU, and its value for a request."""
+    return ("cpu.shares", shares(mcpu)) if version == 1 else ("cpu.weight", weight(mcpu))
 
 
 def _own_cgroup(version: int) -> Path:

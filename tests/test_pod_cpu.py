@@ -33,7 +33,7 @@ def test_a_child_started_inside_a_container_stays_in_its_cgroup_and_the_pod_is_r
         if pod is None:
             pytest.skip("this machine lets no CPU cgroup be made (not root, or no writable cpu controller)")
         with pod.member("gateway"):
-            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+            child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])  # until killed
         try:
             lines = Path(f"/proc/{child.pid}/cgroup").read_text().splitlines()
             mine = Path("/proc/self/cgroup").read_text().splitlines()

@@ -62,14 +62,11 @@ class Halving:
     _queue: list[Knobs] = field(default_factory=list)
     _field: list[Knobs] = field(default_factory=list)
     _rates: list[float] = field(default_factory=list)  # the rates of the rounds before this one
-    _order: list[Knobs] = field(default_factory=list)  # the order this round's first pass ran in
-    _repeated: bool = False  # this round's misses have had their second run
     done: bool = False
 
     def __post_init__(self):
         self._field = list(dict.fromkeys(self.candidates))
-        self._queue = list(self._field)
-        self._order = list(self._queue)
+        self._queue = self._pass_order()
 
     def ask(self) -> tuple[Knobs, float] | None:
         if self.done or not self._queue:
@@ -120,28 +117,31 @@ class Halving:
         n = self.rules.screen_finalists
         keep = max(n, math.ceil(len(self._field) * self.rules.screen_keep))
         if again := self._again(held, keep):
-            self._repeated = True
-            self._queue = [k for k in reversed(self._order) if k in again]  # the last to run goes first: A B ... B A
+            self._queue = [k for k in reversed(self._pass_order()) if k in again]  # the last to run goes first
             return
         if len(held) <= n:
             self._finish(ranked)
             return
         self._field = held[:keep]
-        self._repeated = False
         self.round += 1
         if not self.fixed_rate:
             self._rates.append(self.rate)
             self.rate *= self.rules.screen_raise
-        # the opposite order each round: a machine that drifts over a round hits both ends alike
-        self._queue = list(reversed(self._field)) if self.round % 2 else list(self._field)
-        self._order = list(self._queue)
+        self._queue = self._pass_order()
+
+    def _pass_order(self) -> list[Knobs]:
+        """The field in the opposite order each round: a machine that drifts over a round hits both
+        ends alike."""
+        return list(reversed(self._field)) if self.round % 2 else list(self._field)
 
     def _again(self, held: list[Knobs], keep: int) -> set[Knobs]:
         """The misses of a raised round that run once more: as many as there are places left in
         the next round's field, the fastest in the round before (which all held) first. None in
         the first round, none twice, and none where the field goes on whole to the finalists."""
-        if self._repeated or not self._rates or len(held) >= keep or len(self._field) <= self.rules.screen_finalists:
+        if not self._rates or len(held) >= keep or len(self._field) <= self.rules.screen_finalists:
             return set()
+        if any(len(self.seen[k][self.rate]) > 1 for k in self._field):
+            return set()  # this round's second runs are done
         missed = sorted((k for k in self._field if not self._held(k)), key=lambda k: self._score(k, self._rates[-1]))
         return set(missed[:keep - len(held)])
 
