@@ -60,17 +60,18 @@ from tritonkit.benchmarks.cores import pinned, split_cores
 from tritonkit.benchmarks.pod_cpu import Pod, chart_requests, pod_cpu
 from tritonkit.clients import AsyncClient
 from tritonkit.clients.throttle import AdaptiveThrottle, ThrottledClient
-from tritonkit.configs.gateway import GatewayLimits, Upstream, bootstrap
+from tritonkit.configs.gateway import GatewayLimits, Upstream, bootstrap, queues_behind
 from tritonkit.configs.gateway import write as write_gateway
 from tritonkit.configs.generate import generate
 from tritonkit.files import write_bytes_atomic
 from tritonkit.gateway import LocalEnvoy
 from tritonkit.loadtests.asyncgen import run_load
-from tritonkit.loadtests.load import Load, Outcome, RequestClass, generator_health
+from tritonkit.loadtests.load import Load, Outcome, RequestClass
+from tritonkit.loadtests.overload_figures import overload_figures
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.server import free_port
 from tritonkit.serving import running
-from tritonkit.spec import Spec
+from tritonkit.spec import GatewaySpec, Spec
 from tritonkit.stats import percentile
 from tritonkit.support import cancels_safely
 
@@ -98,45 +99,13 @@ class Copies:
 def _renamed(spec: Spec, model: str, name: str, queues: str = "written"):
     """The model under another name, its queues `written`, `free` or `priority` (see Copies)."""
     m = spec.model(model).model_copy(update={"name": name})
-    if queues != "written":
-        levels = 0 if queues == "free" else max(2, m.batching.priority_levels)
-        default = 0 if queues == "free" else (m.batching.default_priority or levels)
-        b = m.batching.model_copy(update={"priority_levels": levels, "default_priority": default,
+    if queues == "priority":
+        return queues_behind(m)  # as `serve` writes it behind the gateway
+    if queues == "free":
+        b = m.batching.model_copy(update={"priority_levels": 0, "default_priority": 0,
                                           "default_queue_policy": None, "priority_queue_policies": {}})
         m = m.model_copy(update={"batching": b})
     return m
-
-
-def summarize(out: Outcome, load: Load, claim: float, slo_ms: float) -> dict:
-    """One run's row: goodput over the claim, the interactive class's share served within the SLO,
-    a refusal's P95, late answers, errors by kind."""
-    slo_s = slo_ms / 1000
-    within = [s for s in out.samples if s.latency_s is not None and s.latency_s <= slo_s]
-    interactive = [s for s in out.samples if s.cls == "interactive"]
-    offered_i = len(interactive) / load.duration_s
-    within_i = sum(1 for s in within if s.cls == "interactive") / load.duration_s
-    due_i = min(offered_i, INTERACTIVE_SHARE * claim)
-    refused = [s.failed_after_s for s in out.samples if s.failed_after_s is not None and s.kind != "deadline"]
-    errors: dict[str, int] = {}
-    for s in out.samples:
-        if s.kind:
-            errors[s.kind] = errors.get(s.kind, 0) + 1
-    late = sum(1 for s in out.samples if s.latency_s is not None and s.latency_s > slo_s) + out.unanswered
-    health = generator_health(load, out)
-    # Triton's own count over the run (warm-up included): what it executed beyond the answers the
-    # client got is work for requests already refused by a deadline, the server's cores spent on nothing
-    executed = None
-    if out.stats_before and out.stats_after:
-        executed = (int(out.stats_after["inference_stats"]["success"]["count"])
-                    - int(out.stats_before["inference_stats"]["success"]["count"]))
-    return {"offered_rps": round(load.rate, 1), "goodput_rps": round(len(within) / load.duration_s, 1),
-            "goodput_ratio": round(len(within) / load.duration_s / claim, 3),
-            "interactive_offered_rps": round(offered_i, 1),
-            "interactive_within_ratio": round(within_i / due_i, 3) if due_i else None,
-            "refusal_p95_ms": round(percentile(refused, 95) * 1e3, 2) if refused else None,
-            "refused": len(refused), "late": late, "unanswered": out.unanswered, "errors": errors,
-            "server_executed": executed, "answered": sum(1 for s in out.samples if s.latency_s is not None),
-            "generator_limited": bool(health["warning"]), "generator_warning": health["warning"]}
 
 
 class CpuMeter:
@@ -311,7 +280,8 @@ async def _bench_config(r, label: str, copies: Copies, slo_ms: float, seconds: f
                     cpu = meter.percent()
                     own = {"server": cpu["server"], "generator": cpu["generator"],
                            "gateway": cpu.get(SHARED_GATEWAY.get(a.name, (a.name,))[0], 0.0)}  # its Envoy
-                    row = {"run": run, **summarize(out, load, a.claim, slo_ms), "cpu_percent": own}
+                    figures = overload_figures(out, load, a.claim, slo_ms, INTERACTIVE_SHARE)
+                    row = {"run": run, **figures, "cpu_percent": own}
                     row["goodput_direct_ratio"] = round(row["goodput_rps"] / rate, 3)  # over the claim without it
                     rows[a.name][str(f)].append(row)
                     log(f"  run {run + 1} " + format_row(a.name, f, row))
@@ -376,7 +346,10 @@ def served_copies(configs: dict[str, Spec], model: str) -> tuple[Spec, dict[str,
         models += [_renamed(spec, model, c.written), _renamed(spec, model, c.free, "free"),
                    _renamed(spec, model, c.priority, "priority")]
     first = next(iter(configs.values()))
-    return Spec(first.data.model_copy(update={"models": models}), first.path, first.shown, first.source), names
+    # the bench starts its own Envoys: each copy is written with its queues as named here
+    server = first.server.model_copy(update={"gateway": GatewaySpec()})
+    data = first.data.model_copy(update={"models": models, "server": server})
+    return Spec(data, first.path, first.shown, first.source), names
 
 
 def run_overload_bench(configs: dict[str, Spec], model: str, repo: Path, state_dir: Path, out_dir: Path, *,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tritonkit.errors import InputError, Problem
 from tritonkit.files import write_bytes_atomic
-from tritonkit.spec import Spec
+from tritonkit.spec import ModelSpec, Spec
 from tritonkit.support import cancels_safely
 
 ADAPTIVE_SHARE = 0.9  # of the SLO, where the adaptive filter's P95 should settle (`adaptive_target_ms`)
@@ -37,6 +37,41 @@ UPSTREAM = "triton"  # its gRPC port
 UPSTREAM_HTTP = "triton_http"
 UPSTREAM_PROBE = "triton_probe"  # the same HTTP port, outside admission
 UPSTREAM_METRICS = "triton_metrics"
+
+
+def queues_behind(m: ModelSpec) -> ModelSpec:
+    """`m` as it is served behind the gateway: its priority levels (two, where it has none and need
+    not answer in order, so that interactive requests go first among those admitted) and no queue
+    policy, which would refuse before Envoy does, and slowly (its timeout; on 2.51 also its 500 ms
+    stall behind a full queue)."""
+    b = m.batching
+    levels = b.priority_levels if b.preserve_ordering else max(2, b.priority_levels)
+    b = b.model_copy(update={"priority_levels": levels, "default_priority": b.default_priority or levels,
+                             "default_queue_policy": None, "priority_queue_policies": {}})
+    return m.model_copy(update={"batching": b})
+
+
+def drops_queue_policies(spec: Spec) -> bool:
+    g = spec.server.gateway
+    return g.enabled and not g.keep_queue_policies
+
+
+def behind_gateway(spec: Spec) -> Spec:
+    """The spec as its server is configured: every batching model `queues_behind` the gateway where
+    the spec turns it on (and does not keep the policies); else `spec` itself."""
+    if not drops_queue_policies(spec):
+        return spec
+    models = [queues_behind(m) if m.batching.enabled and m.max_batch_size > 0 else m for m in spec.models]
+    if models == spec.models:
+        return spec
+    return Spec(spec.data.model_copy(update={"models": models}), spec.path, spec.shown, spec.source)
+
+
+def queues_said(spec: Spec) -> str:
+    """What `serve`'s banner says of Triton's queues behind the gateway."""
+    if not drops_queue_policies(spec):
+        return "Triton's queue policies as the spec writes them (server.gateway.keep_queue_policies)"
+    return "Triton's queues: priority levels, no queue policy (Envoy refuses the overload)"
 
 
 def in_flight_limit(rate_rps: float, time_ms: float, burst_sds: float = BURST_SDS) -> int:

@@ -19,6 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonkit import onnx_io
 from tritonkit.build_engines import gpu
 from tritonkit.build_engines.artifacts import serving_batch, serving_problems
+from tritonkit.configs.gateway import behind_gateway
 from tritonkit.configs.loader import check
 from tritonkit.configs.overlay import set_batching
 from tritonkit.configs.pipelines import ensemble_steps, wires_of
@@ -300,7 +301,9 @@ def generate(spec: Spec, out: Path, target: str | Target = "local",
              models: list[str] | None = None) -> list[WriteReport]:
     """Write the repository folders of a resolved spec (configs.loader; a variant of one is checked
     here first): its models, and its pipelines where every model is written (`models` None).
-    Every config is built in memory before the disk is touched."""
+    Every config is built in memory before the disk is touched. Behind the gateway, the queues are
+    written as `configs.gateway.queues_behind` says."""
+    spec = behind_gateway(spec)
     if not spec.checked:
         check(spec)  # a variant (the tuner's, the sweep's): every rule again, nothing parsed
     out = Path(out)

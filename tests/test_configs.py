@@ -38,6 +38,26 @@ def test_every_batching_field_is_in_the_file(workdir):
     assert cfg.backend == "python" and cfg.parameters["intra_op_threads"].string_value == "1"
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_behind_the_gateway_a_model_keeps_priority_levels_and_no_queue_policy(workdir, keep):
+    """With `server.gateway.enabled`, Envoy refuses the overload: Triton keeps the levels that put
+    interactive first (two where the model has none) and drops the policies that would refuse
+    before Envoy, slowly; `keep_queue_policies` writes them as the spec says."""
+    data = copy.deepcopy(SERVED_SPEC)
+    data["server"] = {**data.get("server", {}), "gateway": {"enabled": True, "keep_queue_policies": keep}}
+    generate(load_spec(write_spec(workdir, data), workdir / "repo"), workdir / "repo")
+    db = parse((workdir / "repo/all_fields/config.pbtxt").read_text()).dynamic_batching
+    assert (db.priority_levels, db.default_priority_level) == (3, 2)
+    assert db.HasField("default_queue_policy") == keep and (1 in db.priority_queue_policy) == keep
+    assert list(db.preferred_batch_size) == [2, 4] and db.max_queue_delay_microseconds == 1500
+    # a model with a policy and no levels gains two; one that answers in order keeps its one level
+    plain = parse((workdir / "repo/tiny_queue/config.pbtxt").read_text()).dynamic_batching
+    assert (plain.priority_levels, plain.default_priority_level) == ((0, 0) if keep else (2, 2))
+    assert plain.HasField("default_queue_policy") == keep
+    ordered = parse((workdir / "repo/ordered/config.pbtxt").read_text()).dynamic_batching
+    assert (ordered.priority_levels, ordered.preserve_ordering) == (1, True)
+
+
 def test_unchanged_spec_changes_no_byte(workdir):
     spec_path = write_spec(workdir, SERVED_SPEC)
     generate(load_spec(spec_path, workdir / "repo"), workdir / "repo")

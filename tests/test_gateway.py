@@ -365,7 +365,9 @@ def test_serve_starts_the_gateway_and_stops_it_by_its_pid(workdir):
     on Ctrl-C both processes gone; without a limit, refused before anything starts."""
     import tritonclient.grpc as grpcclient
 
-    spec = {**SPEC, "models": [{**SPEC["models"][0], "slo": {"p95_ms": 200}}],
+    # a queue policy as a user writes it: behind the gateway it is not served
+    spec = {**SPEC, "models": [{**SPEC["models"][0], "slo": {"p95_ms": 200},
+                                "batching": {"default_queue_policy": {"max_queue_size": 4}}}],
             "server": {**SPEC["server"], "gateway": {"enabled": True}}}
     write_spec(workdir, spec)
     exe = str(Path(sys.executable).parent / "tritonkit")
@@ -378,14 +380,16 @@ def test_serve_starts_the_gateway_and_stops_it_by_its_pid(workdir):
     proc = subprocess.Popen([exe, "serve", "--state-dir", "state"], cwd=workdir, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        url = None
+        url, queues = None, False
         for line in proc.stdout:
             if line.strip().startswith("gateway"):
                 url = line.split()[1]
                 assert "3 in flight" in line and "no deadline" in line, line  # the bundled 2.51
+            queues = queues or ("Triton's queues: priority levels, no queue policy" in line)
             if line.startswith("Ctrl-C"):
                 break
         assert url, proc.stderr.read() if proc.poll() is not None else "no gateway line"
+        assert queues  # the banner says what Triton's queues do behind the gateway
         client = grpcclient.InferenceServerClient(url)
         x = grpcclient.InferInput("input", [1, 2048], "FP32")
         x.set_data_from_numpy(np.ones((1, 2048), np.float32))
@@ -397,6 +401,9 @@ def test_serve_starts_the_gateway_and_stops_it_by_its_pid(workdir):
         proc.communicate(timeout=60)
     assert proc.returncode == 0
     assert not Path(f"/proc/{envoy_pid}").exists() or _cmdline(str(envoy_pid)) == ""
+    from tritonkit.configs.generate import parse
+    db = parse((workdir / "model_repository/slow/config.pbtxt").read_text()).dynamic_batching
+    assert (db.priority_levels, db.default_priority_level) == (2, 2) and not db.HasField("default_queue_policy")
 
 
 def _cmdline(pid: str) -> str:

@@ -4,8 +4,9 @@ class's due, on outcomes built by hand (the bench itself runs in `make bench`)."
 from __future__ import annotations
 
 from tests.conftest import write_spec
-from tritonkit.benchmarks.overload import median_row, summarize
+from tritonkit.benchmarks.overload import INTERACTIVE_SHARE, median_row
 from tritonkit.loadtests.load import Load, Outcome, Sample
+from tritonkit.loadtests.overload_figures import overload_figures
 
 
 def _sample(cls: str, ms: float | None, kind: str | None = None, failed_ms: float | None = None) -> Sample:
@@ -20,7 +21,7 @@ def test_a_row_counts_goodput_refusals_and_late_answers_as_the_goal_defines_them
                + [_sample("bulk", None, "refused", 1.0)] * 19 + [_sample("bulk", None, "refused", 3.0)]
                + [_sample("bulk", None, "deadline", 25.0)] * 5)  # cut at the SLO: not a refusal
     out = Outcome(samples=samples, unanswered=2)
-    row = summarize(out, load, claim=80.0, slo_ms=25.0)
+    row = overload_figures(out, load, claim=80.0, slo_ms=25.0, interactive_share=INTERACTIVE_SHARE)
     assert row["goodput_rps"] == 70 and row["goodput_ratio"] == round(70 / 80, 3)
     # interactive: 25 offered, 20 within; its due is min(25, a quarter of the claim = 20)
     assert row["interactive_offered_rps"] == 25 and row["interactive_within_ratio"] == 1.0

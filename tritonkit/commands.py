@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tritonkit import sample_model
 from tritonkit.commandline import DEFAULT_REPO, DEFAULT_STATE, port_overrides, say, spec_arg
-from tritonkit.configs.gateway import limits_for
+from tritonkit.configs.gateway import limits_for, queues_said
 from tritonkit.configs.loader import load_spec
 from tritonkit.configs.steps import gateway_in_front, serve_configured
 from tritonkit.demo import run_demo
@@ -50,7 +50,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
             gateway_in_front(spec, r, a.state_dir, limits) as gw:
         ep = r.endpoints
         front = (f"  gateway  {gw.url} (Envoy: {gw.limits.describe()}; clients connect here)\n"
-                 if gw else "")
+                 f"           {queues_said(spec)}\n" if gw else "")
         say(f"serving {served_names(spec, r.served)}\n{front}"
             f"  HTTP     http://{ep.http}\n  gRPC     {ep.grpc}\n  metrics  {ep.metrics}\n"
             f"  model control needs header {ep.key_header!r} (value in {a.state_dir}/server.json, or "

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tritonkit.configs.gateway import drops_queue_policies
 from tritonkit.server_traits import ServerTraits
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs
@@ -50,7 +51,10 @@ def protect_and_confirm(search: Search, tuning: Tuning, cm: CostModel) -> None:
     else:
         rate = capacity = best.rate or 0.0
     candidates = [k]
-    if k.batching:  # a queue policy is part of dynamic batching: none without a batch axis
+    if k.batching and drops_queue_policies(search.t.spec):
+        tuning.policy_note = "no queue policy: behind the gateway, Envoy refuses what is over its limit"
+        search.log(f"   {tuning.policy_note}")
+    elif k.batching:  # a queue policy is part of dynamic batching: none without a batch axis
         protected = _protected(search, tuning, k, cm, capacity)
         if protected is not None:
             candidates.insert(0, protected)

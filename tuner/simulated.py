@@ -19,7 +19,7 @@ import numpy as np
 
 from tritonkit.loadtests.load import Load
 from tritonkit.slo import ERROR_BOUND, meets
-from tritonkit.spec import Batching, ModelSpec, QueuePolicy
+from tritonkit.spec import Batching, GatewaySpec, ModelSpec, QueuePolicy, ServerSpec
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs, powers_of_two
 from tritonkit.tuner.predict import predict_p95
@@ -38,18 +38,26 @@ MODEL_SPEC = ModelSpec(name="m", onnx="m.onnx", max_batch_size=16,
                        batching=Batching(default_queue_policy=QueuePolicy(max_queue_size=128)))
 
 
+class _SpecView:
+    """The spec as the search reads it: the model, and whether a gateway stands in front."""
+
+    def __init__(self, server: ServerSpec):
+        self.server = server
+
+    def model(self, name: str) -> ModelSpec:
+        return MODEL_SPEC
+
+
 class SimulatedTrials:
     """What the search asks of `Trials`, answered by WORLD: a closed loop yields executions of
     min(clients, max batch) items; an open loop's P95 is the cost model's prediction at that rate."""
 
     model = "m"
+    spec = _SpecView(ServerSpec())
 
-    class spec:  # noqa: N801
-        @staticmethod
-        def model(name: str):
-            return MODEL_SPEC
-
-    def __init__(self, collapses: bool = False):
+    def __init__(self, collapses: bool = False, gateway: bool = False):
+        if gateway:
+            self.spec = _SpecView(ServerSpec(gateway=GatewaySpec(enabled=True)))
         self.trials: list[Trial] = []
         # Under more load than it can take, a config with a bounded queue either serves about its
         # capacity within the SLO and rejects the rest (healthy), or, as Triton 2.51's batcher
