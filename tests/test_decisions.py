@@ -116,6 +116,19 @@ def test_a_queue_policy_that_collapses_under_overload_is_never_written():
     assert dropped.best.knobs == replace(kept.best.knobs, queue=None)  # the same winner, unprotected
 
 
+def test_behind_the_gateway_no_queue_policy_is_derived_and_no_trial_is_spent_on_one():
+    """With the spec's gateway on, Envoy refuses the overload: the same search writes the same
+    winner without a policy, runs no overload check, and says why."""
+    alone = Search(SimulatedTrials(), Objective(SLO_MS), bound=16, max_trials=TRIALS,
+                   log=lambda s: None).run(Knobs(16, 8000, 1))
+    gated = SimulatedTrials(gateway=True)
+    behind = Search(gated, Objective(SLO_MS), bound=16, max_trials=TRIALS, log=lambda s: None).run(Knobs(16, 8000, 1))
+    assert alone.best.knobs.queue is not None and alone.overload
+    assert behind.confirmed and behind.best.knobs.queue is None and behind.overload == []
+    assert not any(t.phase == "overload" for t in gated.trials) and "gateway" in behind.policy_note
+    assert behind.best.knobs == replace(alone.best.knobs, queue=None)
+
+
 def test_the_protective_policy_is_cut_from_measured_times_per_priority_level():
     """Queue budget = SLO - compute at the batch - overhead; interactive drains at the whole
     capacity, the default level at half; on a server whose batcher stalls behind a full queue the
@@ -343,14 +356,21 @@ def test_a_runner_up_that_held_as_high_in_the_screen_is_measured_above_the_winne
     assert _batching(tuning.best.knobs) == better and len(sim.trials) <= TRIALS
 
 
-def test_a_tie_beside_the_start_keeps_the_start_only_where_it_held_as_much():
+def test_a_tie_beside_the_start_keeps_the_start_only_where_it_held_as_much_and_led_the_pairs():
     """The confirmation's pairs as measured: convnet beside the noise source, where the winner had
     walked down to 2,559 req/s from a lucky screen run and the start held 3,891 (the start stands),
-    and tiny on the quiet box, where the winner held 4,574 and the start 3,458 (the winner stands)."""
+    and tiny on the quiet box, where the winner held 4,574 and the start 3,458 (the winner stands).
+    Pairs that split evenly are no evidence against the winner: convnet again, where batch 8 x2 held
+    4,281 req/s in the screen beside a start that missed it (554 ms), then held only 2,815 on its walk
+    while the start had held 3,723 on its own; beside it, one pair each way (the winner stands, and
+    the judge put it at 4,705 req/s against the start's 3,283-3,755 in two rounds of three)."""
     convnet = [(13.1, 8.9), (6.9, 5.9)]
     assert faster_in_pairs(convnet, log_sd=1.1) is None
     assert start_stands(convnet, 1.1, start_held=3891.0, winner_held=2559.0)
     assert not start_stands(convnet, 1.1, start_held=2000.0, winner_held=2559.0)
+    split = [(8.9, 12.9), (25.6, 11.1)]
+    assert faster_in_pairs(split, log_sd=1.43) is None
+    assert not start_stands(split, 1.43, start_held=3723.0, winner_held=2815.0)
     tiny = [(12.2, 18.6), (10.3, 9.8), (9.8, 9.6)]
     assert not start_stands(tiny, 0.77, start_held=3458.0, winner_held=4574.0)
     assert not start_stands([(8.0, 12.0), (9.0, 13.0)], 0.77, start_held=5000.0, winner_held=4574.0)  # faster in all
@@ -383,7 +403,10 @@ def test_a_screen_round_that_no_config_held_still_ranks_them_side_by_side():
     screen = [t for t in sim.trials if t.phase == "screen"]
     assert screen and not any(t.passed for t in screen)  # the round held nowhere
     finalist = [t for t in sim.trials if t.phase == "finalist"]
-    assert finalist and finalist[0].rate == screen[0].rate  # its walk starts at the round's rate
+    # its walk starts from the round's rate: there, or a rung below where both its runs there (the
+    # round's and its second) missed, which is a verdict already
+    assert finalist and finalist[0].rate == pytest.approx(screen[0].rate / RULES.rate_step ** (
+        sum(t.label == finalist[0].label for t in screen) > 1))
     assert not tuning.kept and tuning.written
     assert true_edge(_batching(tuning.best.knobs)) > true_edge(start) * RULES.rate_step
 
@@ -515,6 +538,34 @@ def test_a_raised_round_runs_its_misses_again_where_they_decide_who_goes_on():
     assert again == [Knobs(16, 0, 2), Knobs(2, 0, 2)]  # the places left, in the opposite order
     assert [f.knobs for f in h.finalists] == [Knobs(1, 0, 2), Knobs(2, 0, 2)]
     assert {f.rate for f in h.finalists} == {143.8 * RULES.screen_raise}
+
+
+def test_a_first_round_runs_again_the_misses_the_cost_model_ranks_fastest():
+    """The convnet classifier's screen beside the noise source, as measured: ten configs at 2,969
+    req/s, three held; batch 8 x2 and 16 x2, the two the cost model (T(B) = 0.342 + 0.156 B ms) ranks
+    fastest, missed at 160 and 194 ms while batch 8 x1 held at 8.7 ms: a neighbour's burst. With one
+    run in the first round they were dropped, and the judge put batch 8 x2 at 4,705 req/s against
+    the 3,442 of the start that was written. The round keeps five, so the two places left go to the
+    misses the model ranks fastest, which run again in the opposite order and hold; with no model
+    that predicts, to the least slow misses."""
+    first = {(1, 1): 632.2, (1, 2): 111.1, (2, 1): 491.5, (2, 2): 20.2, (4, 1): 28.8, (4, 2): 9.6,
+             (8, 1): 8.7, (8, 2): 159.8, (16, 1): 8.6, (16, 2): 194.2}
+    again = {(8, 2): 8.1, (16, 2): 7.9, (2, 2): 21.5, (4, 1): 30.2}
+    ks = [Knobs(b, 0, i) for b, i in first]
+    predicted = {k: k.instances * k.max_batch / (0.342 + 0.156 * k.max_batch) for k in ks}
+    for prior, rerun in ((predicted, [Knobs(16, 0, 2), Knobs(8, 0, 2)]), ({}, [Knobs(4, 0, 1), Knobs(2, 0, 2)])):
+        h = Halving(ks, 2969.0, rules=RULES, prior=prior)
+        ran_again = []
+        while (c := h.ask()) is not None and c[1] == 2969.0:
+            k = c[0]
+            repeat = 2969.0 in h.seen.get(k, {})
+            ran_again += [k] if repeat else []
+            p95 = (again if repeat else first)[(k.max_batch, k.instances)]
+            h.tell(c, Seen(p95, p95 <= 18))
+        assert ran_again == rerun  # the places left, in the opposite order
+        assert c is not None and c[1] == pytest.approx(2969.0 * RULES.screen_raise)
+        went_on = set(h._field)
+        assert went_on == {Knobs(4, 0, 2), Knobs(8, 0, 1), Knobs(16, 0, 1)} | ({*rerun} if prior else set())
 
 
 class SlowsDown(SimulatedTrials):

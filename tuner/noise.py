@@ -89,16 +89,17 @@ def faster_in_pairs(pairs: list[tuple[float, float]], log_sd: float, rules: Rule
 def start_stands(pairs: list[tuple[float, float]], log_sd: float, start_held: float, winner_held: float,
                  rules: Rules = RULES) -> bool:
     """Whether the start, not the search's winner, is what to write, from the confirmation's pairs
-    beside it, (winner P95, start P95), and the highest rate each held by a verdict on its own. A
-    change is right only where the winner beat the start: the start stands where it was clearly
-    faster in more pairs (`faster_in_pairs`), and on a tie within the noise where it was no slower
-    in at least half the pairs and held at least the winner's rate itself (a screen run the winner
-    passed by luck, then walked down from, is no evidence against a start that held more)."""
+    beside it, (winner P95, start P95), and the highest rate each held by a verdict on its own. The
+    winner beat the start side by side before (the screen's rounds, the climb's pairs): the start
+    stands where it was clearly faster in more pairs here (`faster_in_pairs`), and on a tie within
+    the noise where it was no slower in most pairs and held at least the winner's rate itself (a
+    screen run the winner passed by luck, then walked down from, is no evidence against a start
+    that held more). Pairs that split evenly leave the side-by-side win where it was."""
     clearly = faster_in_pairs(pairs, log_sd, rules)
     if clearly is not None:
         return not clearly
     start_as_fast = sum(s <= w for w, s in pairs)
-    return bool(pairs) and 2 * start_as_fast >= len(pairs) and start_held >= winner_held
+    return 2 * start_as_fast > len(pairs) and start_held >= winner_held
 
 
 def majority(verdicts: list[bool], rules: Rules = RULES, final: bool = False) -> bool | None:

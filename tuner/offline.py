@@ -168,10 +168,10 @@ class Search(Rates):
         finalist that held the highest rate walks to its edge. Returns the incumbent for the climb
         and every config screened (the climb proposes none of them again)."""
         start = baseline.knobs
-        candidates = []
+        candidates, prior = [], {}
         # batch by batch, the instance counts side by side: a slow spell of a few runs hits
         # neighbouring configs of both kinds, never a block of one kind
-        for _, k in sorted(space, key=lambda x: (x[1].max_batch, x[1].instances)):
+        for predicted, k in sorted(space, key=lambda x: (x[1].max_batch, x[1].instances)):
             # no delay while screening: near a config's edge its queue fills batches by itself, and
             # the delay is the refinement's to move (the climb); a model's delay would screen its guess
             k = replace(k, delay_us=0)
@@ -179,10 +179,11 @@ class Search(Rates):
                 k = start
             if not self.stalls(k):
                 candidates.append(k)
+                prior[k] = predicted
         if start not in candidates:
             candidates.insert(0, start)
         why = f" (the cost model cannot predict: {blind})" if blind else ""
-        return self._halved(baseline, candidates, "screen", why)
+        return self._halved(baseline, candidates, "screen", why, {} if blind else prior)
 
     def _first_rung(self, inc: Score) -> float:
         """Where a side-by-side screen against `inc` starts: the target rate, else the rung `inc`
@@ -194,15 +195,17 @@ class Search(Rates):
         tried = [t.rate for t in self.t.trials if t.label == inc.knobs.label() and t.rate]
         return min(tried, default=100.0) / self.rules.rate_step
 
-    def _halved(self, inc: Score, candidates: list[Knobs], phase: str, why: str = "") -> tuple[Score, list[Knobs]]:
-        """`candidates` (`inc`'s knobs among them) screened side by side (tuner/screen.py); the
-        finalist that held the highest rate walks to its edge. Returns the incumbent after it and
-        every config screened (the climb proposes none of them again)."""
+    def _halved(self, inc: Score, candidates: list[Knobs], phase: str, why: str = "",
+                prior: dict[Knobs, float] | None = None) -> tuple[Score, list[Knobs]]:
+        """`candidates` (`inc`'s knobs among them) screened side by side (tuner/screen.py), `prior`
+        the cost model's ranking of them where it predicts; the finalist that held the highest rate
+        walks to its edge. Returns the incumbent after it and every config screened (the climb
+        proposes none of them again)."""
         start = inc.knobs
         rate = self._first_rung(inc)
         self.log(f"== {phase}: {len(candidates)} configs side by side at {rate:.0f} req/s"
                  + ("" if self.obj.rps else ", the rate two rungs higher each round") + why)
-        h = Halving(candidates, rate, fixed_rate=bool(self.obj.rps), rules=self.rules)
+        h = Halving(candidates, rate, fixed_rate=bool(self.obj.rps), rules=self.rules, prior=prior or {})
         runs: dict[tuple[Knobs, float], list[Trial]] = {}
 
         def measure(c: tuple[Knobs, float]) -> Seen:

@@ -12,14 +12,15 @@ the same minutes: a comparison, never a threshold, decides who goes on. A finali
 the last round is still handed on beside the one that held, so that one losing run does not
 drop the runner-up; those that missed it are ranked by the round before, which they all held.
 
-Where the misses of a raised round decide who goes on (fewer held than the round keeps), the
-configs that missed run once more at that rate, in the opposite order, and each counts by the
-better of its runs. Every one of them held the round before, so a miss is either its edge or a
-neighbour's burst, and a burst only ever slows a run: on a shared box a config is as fast as its
-best run shows, and one four-second run that met a burst must not drop the config that is
-fastest in the quiet seconds. The first round is not repeated: it holds the whole space, and its
-misses have held nothing yet. The refinement and the confirmation that follow judge the
-finalists on full runs.
+Where the misses of a round decide who goes on (fewer held than the round keeps), the configs
+that missed run once more at that rate, in the opposite order, and each counts by the better of
+its runs. A miss is either the config's edge or a neighbour's burst, and a burst only ever slows
+a run: on a shared box a config is as fast as its best run shows, and one run that met a burst
+must not drop the config that is fastest in the quiet seconds. As many run again as there are
+places left: in a raised round the fastest the round before (which all held) first; in the first
+round those the cost model ranks fastest (`prior`), since a config past its edge is what the
+model predicts to miss, and a burst is not; with no model that predicts, the least slow there.
+The refinement and the confirmation that follow judge the finalists on full runs.
 
 For a fixed target rate (the lowest P95 there) every round runs at that rate and ranks by the mean
 log P95 of the rounds so far.
@@ -56,6 +57,7 @@ class Halving:
     rate: float  # the first round's
     fixed_rate: bool = False  # the lowest P95 at one rate: every round there
     rules: Rules = RULES
+    prior: dict[Knobs, float] = field(default_factory=dict)  # the cost model's ranking, higher first
     round: int = 0
     seen: dict[Knobs, dict[float, list[Seen]]] = field(default_factory=dict)
     finalists: list[Finalist] = field(default_factory=list)
@@ -135,15 +137,22 @@ class Halving:
         return list(reversed(self._field)) if self.round % 2 else list(self._field)
 
     def _again(self, held: list[Knobs], keep: int) -> set[Knobs]:
-        """The misses of a raised round that run once more: as many as there are places left in
-        the next round's field, the fastest in the round before (which all held) first. None in
-        the first round, none twice, and none where the field goes on whole to the finalists."""
-        if not self._rates or len(held) >= keep or len(self._field) <= self.rules.screen_finalists:
+        """The misses that run once more: as many as there are places left in the next round's
+        field, in the order the module says. None at a fixed rate (a majority of runs decides
+        there), none twice, and none where the field goes on whole to the finalists."""
+        if self.fixed_rate or len(held) >= keep or len(self._field) <= self.rules.screen_finalists:
             return set()
         if any(len(self.seen[k][self.rate]) > 1 for k in self._field):
             return set()  # this round's second runs are done
-        missed = sorted((k for k in self._field if not self._held(k)), key=lambda k: self._score(k, self._rates[-1]))
+        missed = sorted((k for k in self._field if not self._held(k)), key=self._retry_key)
         return set(missed[:keep - len(held)])
+
+    def _retry_key(self, k: Knobs) -> float:
+        if self._rates:
+            return self._score(k, self._rates[-1])
+        if self.prior:
+            return -self.prior.get(k, -math.inf)
+        return self._score(k)
 
     def _finish(self, ranked: list[Knobs], unmeasured: list[Knobs] = ()) -> None:
         """The finalists: those that held the last round, best first, then the best of the rest
