@@ -161,7 +161,8 @@ def test_infer_without_a_server_says_how_to_start_one(tmp_path):
 def test_demo_finishes_and_batches(tmp_path, probed):
     """`make demo`'s job on a small copy of the default spec, the demo's one whole run in the suite:
     batches above 1 in Triton's stats, a burst the batcher never stalls on (a stall is a request
-    held ~500 ms, docs/overload.md), and deploy.yaml parsed once for all seven steps."""
+    held ~500 ms, docs/overload.md), the tuned config served behind Envoy, and deploy.yaml parsed
+    once for all eight steps."""
     from tritonkit import spec as spec_module
 
     root = Path(__file__).resolve().parent.parent
@@ -187,4 +188,11 @@ def test_demo_finishes_and_batches(tmp_path, probed):
             if ln.strip().startswith(("kept ", "before ", "after "))}
     assert list(rows) in (["kept"], ["before", "after"]), res.stdout
     assert rows.get("before") != rows.get("after") or "kept" in rows
+    # behind the gateway: the tuned limit, Triton's queues as `serve` writes them there, and answers
+    # through Envoy within the SLO
+    gateway = res.stdout.split("the gateway: the tuned config behind Envoy")[-1]
+    assert re.search(r"gateway \S+: \d+ in flight", gateway), res.stdout
+    assert "Triton's queues: priority levels, no queue policy" in gateway
+    within = re.search(r"offered \d+ req/s: (\d+) req/s answered within 25 ms", gateway)
+    assert within and int(within.group(1)) > 0, gateway
     assert len(trace.read_text().splitlines()) == 1  # one parse at the command's boundary

@@ -2,7 +2,8 @@
 
 sample model -> configs -> serve -> a concurrent burst (latency and batch statistics) -> a short
 headless Locust load test with two priority classes -> a short batch-size sweep and its report -> stop
--> the tuner for the model's SLO, before and after.
+-> the tuner for the model's SLO, before and after -> the tuned config served behind the gateway
+(Envoy, its limit from the tuner's claim), offered twice that claim.
 """
 
 from __future__ import annotations
@@ -12,15 +13,23 @@ from pathlib import Path
 
 from tritonkit import sample_model
 from tritonkit.clients.burst import burst
+from tritonkit.configs.gateway import in_flight_limit, queues_said
 from tritonkit.configs.generate import generate
 from tritonkit.configs.loader import resolve
+from tritonkit.configs.steps import gateway_in_front, serve_configured
+from tritonkit.errors import KitError
+from tritonkit.gateway import envoy_binary
+from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, RequestClass
 from tritonkit.loadtests.measure import measure_by
+from tritonkit.loadtests.overload_figures import overload_figures
 from tritonkit.loadtests.results import format_result, write_result
 from tritonkit.serving import running
-from tritonkit.spec import Spec
+from tritonkit.spec import Admission, Spec
 from tritonkit.stats import batch_histogram, summary_ms
 from tritonkit.tuner.knobs import powers_of_two
+from tritonkit.tuner.objective import Tuning
+from tritonkit.tuner.outputs import admission_from
 from tritonkit.tuner.run import tune_offline
 from tritonkit.tuner.sweep import sweep
 from tritonkit.tuner.trials import TrialWindow
@@ -30,7 +39,8 @@ def say(msg: str = "") -> None:
     print(msg, flush=True)
 
 
-STEPS = 7
+STEPS = 8
+OVERLOAD = 2.0  # the gateway step offers this many times the claim, as the overload gate checks
 # Two classes as an edge service has them: a few interactive requests ahead of bulk work.
 CLASSES = [RequestClass("interactive", weight=1, priority=1), RequestClass("bulk", weight=3, priority=2)]
 
@@ -103,6 +113,41 @@ def run_demo(draft: Spec, repo: Path, state_dir: Path, requests: int = 2000, con
         say(row("after", t.best))
     say(f"report: {result.files['report.md']}" + (f"; decision: {result.files['tuned.yaml']}"
                                                    if "tuned.yaml" in result.files else " (not confirmed: no change)"))
+    gateway_step(spec, model, t, rate, state_dir, out, seconds)
+
+
+def gateway_step(spec: Spec, model: str, t: Tuning, rate: float, state_dir: Path, out: Path,
+                 seconds: float) -> None:
+    """The tuned config as `serve` runs it with `server.gateway.enabled`: Envoy in front, its limit
+    what `tune` writes (Little's law at the claim and the P95 measured there), Triton's queues as
+    they are behind it; then the claim doubled, in two classes, through Envoy."""
+    claim = t.best.rate or rate
+    say(f"\n== 8/{STEPS} the gateway: the tuned config behind Envoy, offered {OVERLOAD:g}x the claim "
+        f"({claim:g} req/s)")
+    try:
+        envoy_binary()
+    except KitError as e:
+        say(f"  skipped: {e}")
+        return
+    p95 = t.best.trial.p95_ms if t.best.trial and t.best.trial.p95_ms else spec.model(model).slo.p95_ms
+    limit = admission_from(t) or in_flight_limit(claim, p95)
+    m = t.best.knobs.model(spec.model(model)).model_copy(update={"admission": Admission(max_in_flight=limit)})
+    server = spec.server.model_copy(update={"gateway": spec.server.gateway.model_copy(update={"enabled": True})})
+    gated = Spec(spec.with_model(m).data.model_copy(update={"server": server}), spec.path, spec.shown, spec.source)
+    ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
+    load = Load(rate=OVERLOAD * claim, duration_s=seconds, warmup_s=1.0)
+    # its own repository: the demo's keeps the config the tune wrote, as `tritonkit configs` would
+    with serve_configured(gated, out / "gateway" / "repository", state_dir / "gateway", models=[model],
+                          ports=ports, log=say) as r, gateway_in_front(gated, r, state_dir / "gateway") as gw:
+        say(f"  gateway {gw.url}: {gw.limits.describe()}\n  {queues_said(gated)}")
+        outcome = asyncio.run(run_load(gw.url, model, load, CLASSES))
+    slo_ms = spec.model(model).slo.p95_ms
+    f = overload_figures(outcome, load, claim, slo_ms, gated.server.gateway.interactive_share)
+    refusal = "-" if f["refusal_p95_ms"] is None else f"{f['refusal_p95_ms']:.1f} ms"
+    interactive = "-" if f["interactive_within_ratio"] is None else f"{f['interactive_within_ratio']:.2f}"
+    say(f"  offered {load.rate:.0f} req/s: {f['goodput_rps']:.0f} req/s answered within {slo_ms:g} ms "
+        f"({f['goodput_ratio']:.2f} of the claim), {f['late']} late; {f['refused']} refused, P95 {refusal} "
+        f"to learn it; interactive within the SLO {interactive} of its share")
 
 
 def report(result, histogram: dict[int, int]) -> None:
