@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, run_figures
+from tritonkit.tuner.in_flight import InFlightBound
 
 CLAIM_STEPS = 6  # within 1/64 of the closed-loop bound
 DRAIN_S = 2.0  # far past any SLO: a request still out then is late, and counted so
@@ -35,3 +36,21 @@ async def claim_rate(url: str, model: str, slo_ms: float, seconds: float, log: C
         f"(closed loop of 32: {bound:.0f} req/s; steps {[(t['rate'], t['held']) for t in tried]})")
     return {"claim_rps": round(lo, 1), "claim_p95_ms": p95_at_lo and round(p95_at_lo, 2),
             "closed_loop_rps": round(bound, 1), "steps": tried}
+
+
+async def in_flight_bound(url: str, model: str, slo_ms: float, seconds: float, upper: int,
+                          log: Callable[[str], None]) -> dict:
+    """The gateway's limit for `model`: the largest closed loop up to `upper` whose P95 holds the
+    SLO (`tuner/in_flight.py` says why and how), with each run."""
+    search, tried = InFlightBound(upper), []
+    while (n := search.ask()) is not None:
+        load = Load(concurrency=n, duration_s=seconds, warmup_s=1.0, drain_s=DRAIN_S)
+        out = await run_load(url, model, load)
+        f = run_figures(load, out)
+        held = f.p95_ms is not None and f.p95_ms <= slo_ms and f.error_ratio == 0
+        tried.append({"in_flight": n, "rps": round(f.ok_rps, 1), "p95_ms": f.p95_ms and round(f.p95_ms, 2),
+                      "held": held})
+        search.tell(n, held)
+    log(f"  in flight: {search.limit} (the most whose closed loop held P95 <= {slo_ms:g} ms, of at most {upper}; "
+        f"steps {[(t['in_flight'], t['p95_ms'], t['held']) for t in tried]})")
+    return {"in_flight": search.limit, "upper": upper, "steps": tried}

@@ -8,8 +8,9 @@ that rate within the SLO whatever arrives, and turns the rest away at once. Behi
 claim is the one measured through it (an Envoy that only proxies), as `tune --url` through the
 gateway makes it: the proxy's latency and its share of the server's cores belong to that
 deployment, and its admission can keep no more. Each row also gives its goodput over the claim
-without the gateway, so its cost stays in view. Seven approaches, each at 0.8x, 1.5x, 2x and 3x its
-claim, interleaved run by run so that a noisy minute on this shared box falls on all of them alike:
+without the gateway, so its cost stays in view. Eight approaches, each at 0.8x, 1.5x, 2x and 3x its
+claim, interleaved run by run so that a noisy minute on this shared box falls on all of them alike.
+Every gateway's limit counts interactive requests in it (configs/gateway.py `split`).
 
 - queue_policy: Triton alone, the config as written (its priority levels and queue policies);
 - gateway_fixed: Envoy in front of the policy-free copy, its circuit breaker at the in-flight
@@ -17,21 +18,26 @@ claim, interleaved run by run so that a noisy minute on this shared box falls on
   (configs/gateway.py), its route timeout the SLO where Triton survives cancellations;
 - gateway_little: the same at L alone, L = claim x P95 there: under overload the breaker keeps the
   whole limit in flight, so room above L is wait above what the claim measured;
-- gateway_adaptive: gateway_fixed behind Envoy's adaptive concurrency filter, which moves the limit
-  to keep the P95 it samples at 0.9 of the SLO (configs/gateway.py `adaptive_target_ms`);
-- gateway_priority: the same Envoy in front of a copy with Triton's priority levels and no queue
-  policy: the gateway bounds the queue, Triton serves interactive requests first within it, and
-  nothing bounded stalls the batcher (2.51 still turns its prefetch off under priority levels);
+- gateway_closed: the limit `tune` writes, the largest closed loop through the gateway that held
+  the SLO (tuner/in_flight.py, at most gateway_fixed's), in front of a copy with Triton's priority
+  levels and no queue policy: the gateway bounds the queue, Triton serves interactive requests
+  first within it, and nothing bounded stalls the batcher (2.51 still turns its prefetch off
+  under priority levels);
+- gateway_adaptive: that limit behind Envoy's adaptive concurrency filter, which moves the limit
+  to keep the P95 it samples at 0.9 of the SLO (configs/gateway.py `adaptive_target_ms`), in front
+  of the policy-free copy;
+- gateway_priority: the same adaptive Envoy in front of gateway_closed's copy: what `serve` runs
+  with the gateway on by default;
 - gateway_policy: the same Envoy in front of the config as written, its queue policies kept: what
   `serve` runs when a spec turns the gateway on and keeps its policies;
 - client_throttle: no gateway; the client refuses locally by the SRE formula (clients/throttle.py)
   and sends each request with the SLO as its gRPC deadline.
 
 A quarter of the traffic is interactive: priority 1 for Triton's queues, the HIGH route for the
-gateway (both behind gateway_priority and gateway_policy). Reported per run, all measured here: goodput (answered
-within the SLO per second) over the claim; interactive requests answered within the SLO over
-min(those offered, a quarter of the claim); a refusal's P95 (every failure but a deadline, which
-takes the SLO by construction); late answers (accepted and answered after the SLO, or still out
+gateway (both behind gateway_closed, gateway_priority and gateway_policy). Reported per run, all
+measured here: goodput (answered within the SLO per second) over the claim; interactive requests
+answered within the SLO over min(those offered, a quarter of the claim); a refusal's P95 (every
+failure but a deadline, which takes the SLO by construction); late answers (accepted and answered after the SLO, or still out
 after the drain); the CPU each process used.
 
 Overload is the server's to handle, not the machine's: the server, its backend stubs and the
@@ -55,12 +61,12 @@ from pathlib import Path
 
 import psutil
 
-from tritonkit.benchmarks.claim import DRAIN_S, claim_rate
+from tritonkit.benchmarks.claim import DRAIN_S, claim_rate, in_flight_bound
 from tritonkit.benchmarks.cores import pinned, split_cores
 from tritonkit.benchmarks.pod_cpu import Pod, chart_requests, pod_cpu
 from tritonkit.clients import AsyncClient
 from tritonkit.clients.throttle import AdaptiveThrottle, ThrottledClient
-from tritonkit.configs.gateway import GatewayLimits, Upstream, bootstrap, queues_behind
+from tritonkit.configs.gateway import GatewayLimits, Upstream, bootstrap, in_flight_limit, queues_behind
 from tritonkit.configs.gateway import write as write_gateway
 from tritonkit.configs.generate import generate
 from tritonkit.files import write_bytes_atomic
@@ -78,8 +84,8 @@ from tritonkit.support import cancels_safely
 FACTORS = (0.8, 1.5, 2.0, 3.0)
 RUNS = 3
 INTERACTIVE_SHARE = 0.25
-APPROACHES = ("queue_policy", "gateway_fixed", "gateway_little", "gateway_adaptive", "gateway_priority",
-              "gateway_policy", "client_throttle")
+APPROACHES = ("queue_policy", "gateway_fixed", "gateway_little", "gateway_adaptive", "gateway_closed",
+              "gateway_priority", "gateway_policy", "client_throttle")
 THROTTLE_K = 2.0  # the SRE book's suggestion
 # Triton's queues see the priority; on the policy-free copy (no priority levels) both classes are
 # priority 0 and the gateway tells them apart by the class header run_load sends.
@@ -179,17 +185,22 @@ def _gateways(grpc_port: int, limits: dict[str, GatewayLimits], folder: Path, cp
         yield started
 
 
-def gateway_limits(claim_rps: float, p95_ms: float, deadline_ms: float | None, slo_ms: float) -> dict:
-    """Each gateway approach's limits, from the claim and the P95 measured there."""
+def gateway_limits(claim_rps: float, p95_ms: float, deadline_ms: float | None, slo_ms: float,
+                   measured: int) -> dict:
+    """Each gateway approach's own Envoy: from the claim and the P95 measured there (Little's law),
+    or from the largest closed loop that held the SLO (`measured`, as `tune` writes it)."""
     at_claim = (claim_rps, p95_ms, deadline_ms, INTERACTIVE_SHARE)
     return {"gateway_fixed": GatewayLimits.from_claim(*at_claim),
             "gateway_little": GatewayLimits.from_claim(*at_claim, burst_sds=0),
-            "gateway_adaptive": GatewayLimits.from_claim(*at_claim, adaptive_slo_ms=slo_ms)}
+            "gateway_adaptive": GatewayLimits.of(measured, deadline_ms, INTERACTIVE_SHARE, adaptive_slo_ms=slo_ms),
+            "gateway_closed": GatewayLimits.of(measured, deadline_ms, INTERACTIVE_SHARE)}
 
 
 # An approach measured through another's Envoy (its CPU is that Envoy's): that Envoy, and the copy it loads
 SHARED_GATEWAY = {"gateway_priority": ("gateway_adaptive", "priority"),
                   "gateway_policy": ("gateway_adaptive", "written")}
+# The copy an approach with an Envoy of its own loads, where not the policy-free one
+OWN_COPY = {"gateway_closed": "priority"}
 
 
 # The claim's own gateway: Envoy with a breaker far above anything in flight and no deadline, a
@@ -201,7 +212,8 @@ def _approaches(direct: str, copies: Copies, gateways: dict, chosen: tuple[str, 
                 claim: float, gateway_claim: float) -> list[Approach]:
     """Each approach at its own claim: behind the gateway, the one measured through it."""
     every = [Approach("queue_policy", direct, copies.written, CLASSES, claim),
-             *(Approach(g, url, copies.free, FREE_CLASSES, gateway_claim) for g, (url, _) in gateways.items()),
+             *(Approach(g, url, getattr(copies, OWN_COPY.get(g, "free")), CLASSES if g in OWN_COPY else FREE_CLASSES,
+                        gateway_claim) for g, (url, _) in gateways.items()),
              *(Approach(p, gateways[g][0], getattr(copies, copy), CLASSES, gateway_claim)
                for p, (g, copy) in SHARED_GATEWAY.items()),
              Approach("client_throttle", direct, copies.free, FREE_CLASSES, claim, throttled=True)]
@@ -251,19 +263,25 @@ async def _bench_config(r, label: str, copies: Copies, slo_ms: float, seconds: f
     # Behind a gateway the claim is the one made through it, as `tune --url` through the gateway
     # makes it: the proxy's latency and its share of the server's cores are the deployment's, and
     # an admission control can keep no more than that claim
-    through = {}
+    through: dict = {}
+    bound: dict = {}
     if any(a.startswith("gateway_") for a in chosen):
-        log("  the claim through the gateway (a proxy, no limit):")
         with _gateways(r.endpoints.grpc_port, {"proxy": PROXY}, folder, server_cpus, pod) as proxy, \
                 pinned(generator_cpus):
+            log("  the claim through the gateway (a proxy, no limit):")
             through = await claim_rate(proxy["proxy"][0], free, slo_ms, seconds, log)
+            upper = in_flight_limit(through.get("claim_rps") or rate,
+                                    through.get("claim_p95_ms") or claim["claim_p95_ms"])
+            # what `tune` writes: the most in flight whose closed loop holds the SLO through it
+            bound = await in_flight_bound(proxy["proxy"][0], free, slo_ms, seconds, upper, log)
     gateway_rate = through.get("claim_rps") or rate
     gateway_p95 = through.get("claim_p95_ms") or claim["claim_p95_ms"]
     # The SLO as the gateway's deadline only where Triton survives the cancellations it causes
     # (support.cancels_safely); elsewhere the in-flight limit alone bounds the wait
     with r.client() as c:
         deadline = slo_ms if cancels_safely(c.server_version()) else None
-    limits = gateway_limits(gateway_rate, gateway_p95, deadline, slo_ms)
+    limits = gateway_limits(gateway_rate, gateway_p95, deadline, slo_ms,
+                            bound.get("in_flight") or in_flight_limit(gateway_rate, gateway_p95))
     for g, own in limits.items():
         log(f"  {g}: {own.describe()}")
     with _gateways(r.endpoints.grpc_port, limits, folder, server_cpus, pod) as gateways, pinned(generator_cpus):
@@ -292,7 +310,7 @@ async def _bench_config(r, label: str, copies: Copies, slo_ms: float, seconds: f
             f"{added['gateway']['p50_ms']:.2f} ms, P95 {added['direct']['p95_ms']:.2f} -> "
             f"{added['gateway']['p95_ms']:.2f} ms")
     summary = {a: {f: median_row(fr) for f, fr in by_factor.items()} for a, by_factor in rows.items()}
-    return {**claim, "gateway_claim": through or None,
+    return {**claim, "gateway_claim": through or None, "in_flight_bound": bound or None,
             "limits": {g: dataclasses.asdict(own) for g, own in limits.items()},
             "approaches": summary, "runs": rows, "added_latency": added}
 

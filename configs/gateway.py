@@ -79,7 +79,8 @@ def in_flight_limit(rate_rps: float, time_ms: float, burst_sds: float = BURST_SD
     under Poisson arrivals their count is itself Poisson (mean and variance L), so the limit is
     L + burst_sds x sqrt(L). The room admits the claim's bursts; under overload the breaker keeps
     the whole limit in flight, and each answer waits about limit / throughput, so room above L is
-    wait above the time measured at the claim (`bench overload` compares both)."""
+    wait above the time measured at the claim. So this is only where the measured limit's search
+    starts from above (`tuner/in_flight.py`; `bench overload` compares them)."""
     mean = rate_rps * time_ms / 1000
     return max(1, math.ceil(mean + burst_sds * math.sqrt(mean)))
 
@@ -111,18 +112,32 @@ class GatewayLimits:
         adaptive = ""
         if self.adaptive:
             adaptive = f", adaptive to P95 {self.target_p95_ms:g} ms" if self.target_p95_ms else ", adaptive"
-        return f"{self.max_requests} in flight (interactive {self.max_requests_high}), {deadline}{adaptive}"
+        return f"{self.max_requests} bulk + {self.max_requests_high} interactive in flight, {deadline}{adaptive}"
+
+    @classmethod
+    def of(cls, in_flight: int, slo_ms: float | None, interactive_share: float = 0.0,
+           adaptive_slo_ms: float | None = None) -> GatewayLimits:
+        """`in_flight` requests at most, interactive ones included (`split`). `slo_ms`: the
+        deadline; `adaptive_slo_ms`: the adaptive filter on, for this SLO."""
+        bulk, high = split(in_flight, interactive_share)
+        target = adaptive_target_ms(adaptive_slo_ms, in_flight) if adaptive_slo_ms else None
+        return cls(bulk, high, slo_ms, adaptive=bool(adaptive_slo_ms), target_p95_ms=target)
 
     @classmethod
     def from_claim(cls, claim_rps: float, p95_ms: float, slo_ms: float | None, interactive_share: float = 0.0,
                    burst_sds: float = BURST_SDS, adaptive_slo_ms: float | None = None) -> GatewayLimits:
-        """`in_flight_limit` at the claim's rate and the P95 measured there (a bound on most
-        requests' time in the server). Interactive traffic gets its share, at least one, on its own
-        threshold. `slo_ms`: the deadline; `adaptive_slo_ms`: the adaptive filter on, for this SLO."""
-        in_flight = in_flight_limit(claim_rps, p95_ms, burst_sds)
-        high = max(1, math.ceil(in_flight * interactive_share)) if interactive_share else in_flight
-        target = adaptive_target_ms(adaptive_slo_ms, in_flight) if adaptive_slo_ms else None
-        return cls(in_flight, high, slo_ms, adaptive=bool(adaptive_slo_ms), target_p95_ms=target)
+        """`of` the `in_flight_limit` at the claim's rate and the P95 measured there."""
+        return cls.of(in_flight_limit(claim_rps, p95_ms, burst_sds), slo_ms, interactive_share, adaptive_slo_ms)
+
+
+def split(in_flight: int, interactive_share: float) -> tuple[int, int]:
+    """(bulk, interactive) thresholds that keep `in_flight` at most in flight in all: Envoy counts
+    each priority on its own, so interactive's share (at least one) is taken from bulk's, never
+    added to it. Both at least one. With no share, one limit for both classes."""
+    if not interactive_share:
+        return in_flight, in_flight
+    high = max(1, math.ceil(in_flight * interactive_share))
+    return max(1, in_flight - high), high
 
 
 def limits_for(spec: Spec, models: list[str], triton_version: str) -> GatewayLimits:
@@ -142,9 +157,7 @@ def limits_for(spec: Spec, models: list[str], triton_version: str) -> GatewayLim
                                   "and not every served model has an admission.max_in_flight from `tritonkit tune`",
                                   "run `tritonkit tune` for each model (it writes one to tuned.yaml), or set "
                                   "server.gateway.max_in_flight")])
-    high = max(1, math.ceil(limit * g.interactive_share)) if g.interactive_share else limit
-    target = adaptive_target_ms(min(slos), limit) if g.adaptive and slos else None
-    return GatewayLimits(limit, high, timeout, g.adaptive, target)
+    return GatewayLimits.of(limit, timeout, g.interactive_share, min(slos) if g.adaptive and slos else None)
 
 
 @dataclass(frozen=True)

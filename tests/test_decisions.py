@@ -1441,3 +1441,24 @@ def test_pairs_within_the_noise_decide_nothing():
     assert faster_in_pairs([(30.0, 10.0), (31.0, 10.5), (8.0, 40.0)], log_sd=0.2) is False
     assert faster_in_pairs([(30.0, 10.0)], log_sd=1.2) is None  # on a box that noisy, 3x says nothing
     assert faster_in_pairs([(inf, 12.0)], log_sd=1.2) is False  # a run that failed outright loses
+
+
+def test_the_in_flight_limit_is_the_largest_closed_loop_that_held_and_one_miss_cuts_nothing():
+    """Bisection below Little's bound: closed loops up to 9 hold the SLO, 10 and more miss. A burst
+    that fails 7 once does not cut the limit; a second miss at 15 does."""
+    from tritonkit.tuner.in_flight import InFlightBound
+
+    burst = {7}
+    search, asked = InFlightBound(upper=29), []
+    while (n := search.ask()) is not None:
+        asked.append(n)
+        held = n <= 9 and n not in burst
+        burst.discard(n)
+        search.tell(n, held)
+    assert search.limit == 9
+    assert asked[:3] == [15, 15, 7] and asked.count(7) == 2  # each miss measured once more
+    assert len(asked) <= 12  # bisection, not a walk up from one
+    none = InFlightBound(upper=4)
+    while (n := none.ask()) is not None:
+        none.tell(n, False)
+    assert none.limit == 1  # nothing held: one in flight, the rest refused

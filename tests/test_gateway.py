@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import write_spec
-from tritonkit.configs.gateway import CLASS_HEADER, GatewayLimits, Upstream, adaptive_target_ms, bootstrap, write
+from tritonkit.configs.gateway import CLASS_HEADER, GatewayLimits, Upstream, adaptive_target_ms, bootstrap, split, write
 from tritonkit.server import free_port
 
 pytestmark = [pytest.mark.server]
@@ -30,14 +30,27 @@ SPEC = {"models": [{"name": "slow", "onnx": "onnx/mlp_slow.onnx", "max_batch_siz
 
 
 def test_little_law_limit():
-    """8 in flight on average at 400 req/s x 20 ms; Poisson bursts need room: 8 + 3 sqrt(8) -> 17."""
+    """8 in flight on average at 400 req/s x 20 ms; Poisson bursts need room: 8 + 3 sqrt(8) -> 17,
+    interactive's quarter (5) taken from bulk's."""
     limits = GatewayLimits.from_claim(claim_rps=400, p95_ms=20, slo_ms=25, interactive_share=0.25)
-    assert (limits.max_requests, limits.max_requests_high, limits.timeout_ms) == (17, 5, 25)
+    assert (limits.max_requests, limits.max_requests_high, limits.timeout_ms) == (12, 5, 25)
     assert GatewayLimits.from_claim(claim_rps=1, p95_ms=5, slo_ms=25).max_requests == 1  # never 0
     assert GatewayLimits.from_claim(claim_rps=400, p95_ms=20, slo_ms=None, burst_sds=0).max_requests == 8  # L
     adaptive = GatewayLimits.from_claim(claim_rps=400, p95_ms=20, slo_ms=None, adaptive_slo_ms=25)
     assert adaptive.adaptive and adaptive.timeout_ms is None
     assert adaptive.target_p95_ms == pytest.approx(adaptive_target_ms(25, 17))
+
+
+def test_interactive_share_is_taken_from_the_limit_never_added_to_it():
+    """Envoy counts each priority on its own: the two thresholds add up to the limit, each at least one."""
+    assert split(8, 0.25) == (6, 2)
+    assert split(17, 0.25) == (12, 5)
+    assert split(2, 0.25) == (1, 1)
+    assert split(1, 0.25) == (1, 1)  # one each: the floor, never none
+    assert split(8, 0.0) == (8, 8)  # no share: one limit for both classes
+    limits = GatewayLimits.of(8, None, 0.25, adaptive_slo_ms=100)
+    assert (limits.max_requests, limits.max_requests_high, limits.adaptive) == (6, 2, True)
+    assert limits.target_p95_ms == pytest.approx(adaptive_target_ms(100, 8))
 
 
 def test_the_adaptive_target_lets_the_gradient_settle_at_nine_tenths_of_the_slo():
@@ -384,7 +397,7 @@ def test_serve_starts_the_gateway_and_stops_it_by_its_pid(workdir):
         for line in proc.stdout:
             if line.strip().startswith("gateway"):
                 url = line.split()[1]
-                assert "3 in flight" in line and "no deadline" in line, line  # the bundled 2.51
+                assert "2 bulk + 1 interactive in flight" in line and "no deadline" in line, line  # the bundled 2.51
             queues = queues or ("Triton's queues: priority levels, no queue policy" in line)
             if line.startswith("Ctrl-C"):
                 break

@@ -41,16 +41,19 @@ def test_the_runs_of_one_load_are_summed_up_by_their_median_and_spread():
     assert m["generator_limited_runs"] == 1
 
 
-def test_the_gateways_differ_only_in_room_and_the_adaptive_filter():
+def test_the_gateways_differ_in_where_their_limit_comes_from_and_the_adaptive_filter():
     """At the claim (1,000 req/s, P95 20 ms: L = 20): the fixed gateway with room for Poisson bursts,
-    the Little's-law one at L, the adaptive one over the fixed limit; each an approach of the bench."""
+    the Little's-law one at L; the closed and adaptive ones at the limit measured (12), interactive's
+    share inside each; each an approach of the bench."""
     from tritonkit.benchmarks.overload import APPROACHES, gateway_limits
 
-    limits = gateway_limits(1000, 20, None, 25)
+    limits = gateway_limits(1000, 20, None, 25, measured=12)
     assert set(limits) < set(APPROACHES)
-    assert (limits["gateway_fixed"].max_requests, limits["gateway_little"].max_requests) == (34, 20)
-    assert limits["gateway_adaptive"].max_requests == 34 and limits["gateway_adaptive"].target_p95_ms < 22.5
-    assert not limits["gateway_fixed"].adaptive and not limits["gateway_little"].adaptive
+    total = {g: own.max_requests + own.max_requests_high for g, own in limits.items()}
+    assert total == {"gateway_fixed": 34, "gateway_little": 20, "gateway_adaptive": 12, "gateway_closed": 12}
+    assert limits["gateway_closed"].max_requests_high == 3
+    assert limits["gateway_adaptive"].adaptive and limits["gateway_adaptive"].target_p95_ms < 22.5
+    assert not any(limits[g].adaptive for g in ("gateway_fixed", "gateway_little", "gateway_closed"))
 
 
 def test_each_config_is_served_as_written_free_of_queues_and_by_priority_alone(workdir):
@@ -95,11 +98,14 @@ def test_behind_a_gateway_each_load_is_a_factor_of_the_claim_made_through_it():
     from tritonkit.benchmarks.overload import APPROACHES, Copies, _approaches, format_table, median_row
 
     copies = Copies("m__spec", "m__spec_free", "m__spec_prio")
-    gateways = {g: (f"127.0.0.1:{9000 + i}", None) for i, g in enumerate(("gateway_fixed", "gateway_adaptive"))}
+    gateways = {g: (f"127.0.0.1:{9000 + i}", None)
+                for i, g in enumerate(("gateway_fixed", "gateway_adaptive", "gateway_closed"))}
     approaches = {a.name: a for a in _approaches("127.0.0.1:8001", copies, gateways, APPROACHES, 200.0, 170.0)}
     assert {n: a.claim for n, a in approaches.items()} == {
-        "queue_policy": 200.0, "gateway_fixed": 170.0, "gateway_adaptive": 170.0, "gateway_priority": 170.0,
-        "gateway_policy": 170.0, "client_throttle": 200.0}
+        "queue_policy": 200.0, "gateway_fixed": 170.0, "gateway_adaptive": 170.0, "gateway_closed": 170.0,
+        "gateway_priority": 170.0, "gateway_policy": 170.0, "client_throttle": 200.0}
+    assert approaches["gateway_closed"].model == copies.priority  # its own Envoy, Triton's priority levels behind
+    assert approaches["gateway_fixed"].model == copies.free
     assert approaches["gateway_priority"].url == gateways["gateway_adaptive"][0]  # through the adaptive Envoy
     assert approaches["gateway_priority"].model == copies.priority
     assert approaches["gateway_policy"].model == copies.written  # its queue policies kept, behind Envoy
