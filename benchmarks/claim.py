@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tritonkit.loadtests.asyncgen import run_load
-from tritonkit.loadtests.load import Load, run_figures
+from tritonkit.loadtests.load import Load, RequestClass, run_figures
 from tritonkit.tuner.in_flight import InFlightBound
+from tritonkit.tuner.rules import RULES
 
 CLAIM_STEPS = 6  # within 1/64 of the closed-loop bound
 DRAIN_S = 2.0  # far past any SLO: a request still out then is late, and counted so
@@ -39,18 +40,20 @@ async def claim_rate(url: str, model: str, slo_ms: float, seconds: float, log: C
 
 
 async def in_flight_bound(url: str, model: str, slo_ms: float, seconds: float, upper: int,
-                          log: Callable[[str], None]) -> dict:
-    """The gateway's limit for `model`: the largest closed loop up to `upper` whose P95 holds the
-    SLO (`tuner/in_flight.py` says why and how), with each run."""
+                          log: Callable[[str], None], classes: list[RequestClass] | None = None) -> dict:
+    """The gateway's limit for `model` as `tune` measures it: the largest closed loop up to `upper`
+    whose P95 holds the SLO less the tuner's margin (`tuner/in_flight.py` says why and how), with
+    each run. `classes`: the traffic's, as the gateway will pass it."""
+    target = slo_ms * (1 - RULES.slo_margin)
     search, tried = InFlightBound(upper), []
     while (n := search.ask()) is not None:
         load = Load(concurrency=n, duration_s=seconds, warmup_s=1.0, drain_s=DRAIN_S)
-        out = await run_load(url, model, load)
+        out = await run_load(url, model, load, classes)
         f = run_figures(load, out)
-        held = f.p95_ms is not None and f.p95_ms <= slo_ms and f.error_ratio == 0
+        held = f.p95_ms is not None and f.p95_ms <= target and f.error_ratio == 0
         tried.append({"in_flight": n, "rps": round(f.ok_rps, 1), "p95_ms": f.p95_ms and round(f.p95_ms, 2),
                       "held": held})
         search.tell(n, held)
-    log(f"  in flight: {search.limit} (the most whose closed loop held P95 <= {slo_ms:g} ms, of at most {upper}; "
+    log(f"  in flight: {search.limit} (the most whose closed loop held P95 <= {target:g} ms, of at most {upper}; "
         f"steps {[(t['in_flight'], t['p95_ms'], t['held']) for t in tried]})")
     return {"in_flight": search.limit, "upper": upper, "steps": tried}

@@ -15,6 +15,7 @@ from tritonkit.benchmarks.mix_bench import run_mix_bench
 from tritonkit.benchmarks.model_analyzer import require_model_analyzer
 from tritonkit.benchmarks.overload import APPROACHES, THROTTLE_K, run_overload_bench
 from tritonkit.benchmarks.peer_bench import MA_WALL_S, run_peer_bench
+from tritonkit.benchmarks.refusal import run_refusal_bench
 from tritonkit.benchmarks.remote import run_remote_bench
 from tritonkit.benchmarks.routing import BenchSettings, run_routing_bench
 from tritonkit.benchmarks.serving import run_serving_bench
@@ -138,6 +139,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
         run_ablation(a.out / "ablation", real=real, seeds=SEEDS, case=(a.case or [None])[0], engine=a.engine,
                      log=say)
         say(f"wrote {a.out / 'ablation' / 'bench_ablation.json'}")
+    elif a.what == "refusal":
+        raise_flag_problems([("--runs", a.runs >= 1, "measure each condition at least once, e.g. 3"),
+                             ("--rps", a.rate > 0, "a rate to refuse, e.g. 300"),
+                             ("--seconds", a.seconds > 0, "use a window of more than 0 s")])
+        spec = load_spec(a.spec, a.repo)
+        run_refusal_bench(spec, a.model or spec.models[0].name, a.out / "refusal_repo", a.state_dir, a.out,
+                          rate=a.rate, seconds=a.seconds, runs=a.runs, log=say)
+        say(f"wrote {a.out / 'bench_refusal.json'}")
     elif a.what == "footprint":
         run_footprint(a.out / "footprint", log=say)
         say(f"wrote {a.out / 'footprint' / 'footprint.json'}")
@@ -152,8 +161,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     sp = sub.add_parser("bench", help="benchmarks, printed as ratios measured in one run")
-    sp.add_argument("what", choices=["generators", "tuner", "floor", "overload", "buckets", "serving", "footprint",
-                                     "routing", "peer", "versus", "ablation", "mix", "remote"],
+    sp.add_argument("what", choices=["generators", "tuner", "floor", "overload", "refusal", "buckets", "serving",
+                                     "footprint", "routing", "peer", "versus", "ablation", "mix", "remote"],
                     help="generators: Locust HTTP vs asyncio gRPC capacity and distortion, and one load through all "
                          "three engines; "
                          "peer: Model Analyzer's quick search (the [peer] extra), then perf_analyzer judging its "
@@ -169,17 +178,19 @@ def register(sub) -> None:
                          "(and counted in the real tunings under --real); "
                          "floor: one config's figure measured again and again (how closely two figures "
                          "measured on this box can agree); "
-                         "overload: six ways of refusing load (Triton's queue policies, the gateway at the "
-                         "tuned limit, at Little's L, adaptive, and adaptive over Triton's priority levels, "
-                         "the client's throttle) at 0.8x to 3x the "
-                         "claim, for the spec's and the tuned config; "
+                         "overload: eight ways of refusing load (Triton's queue policies; the gateway at "
+                         "Little's law with room for bursts, at L, at the limit measured by closed loops, and "
+                         "adaptive below it, in front of no queues, of priority levels and of the policies; "
+                         "the client's throttle) at 0.8x to 3x the claim, for the spec's and the tuned config; "
+                         "refusal: how fast Envoy's refusal reaches the client, alone and beside a busy "
+                         "neighbour, at the chart's weights and at equal ones; "
                          "buckets: variable-width traffic unpadded, padded to the max and to tuned bucket "
                          "edges (waste, mean batch, P95, claim); "
                          "serving: raw ONNX Runtime against the same model served by the kit; "
                          "footprint: install size per extra, idle memory of the server and the tuner sidecar; "
                          "routing: the edge/cloud router over a delayed link (shares, time to switch)")
     spec_arg(sp)
-    sp.add_argument("--model", help="tuner, floor, overload: the model (default: the spec's first)")
+    sp.add_argument("--model", help="tuner, floor, overload, refusal: the model (default: the spec's first)")
     sp.add_argument("--repo", type=Path, default=DEFAULT_REPO)
     sp.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
     sp.add_argument("--max-trials", type=int, default=TuneSettings.max_trials, help="tuner: the tuner's trial budget")
@@ -215,14 +226,15 @@ def register(sub) -> None:
     sp.add_argument("--seconds", type=float, default=5.0, help="steady window of each run")
     sp.add_argument("--users", type=int, default=16, help="closed-loop clients for the capacity runs")
     sp.add_argument("--rps", "--rate", dest="rate", type=float, default=200.0,
-                    help="generators: open-loop rate for the distortion runs")
+                    help="generators: open-loop rate for the distortion runs; refusal: the rate refused")
     sp.add_argument("--max-batch", type=int, default=16, help="serving: the largest batch (also 1 and 8)")
     sp.add_argument("--threads", type=int, default=1, help="serving: ONNX Runtime threads, raw and per instance")
     sp.add_argument("--instances", type=int, default=1, help="serving: instances of the served model")
     sp.add_argument("--runs", type=int, default=3, help="routing: step runs (edge slows down, then recovers); "
+                                                                 "refusal: runs per condition; "
                                                                  "overload: runs per approach and load")
     sp.add_argument("--approach", action="append", choices=APPROACHES,
-                    help="overload: measure only this approach (repeat for more; default: all seven)")
+                    help="overload: measure only this approach (repeat for more; default: all eight)")
     sp.add_argument("--throttle-k", type=float, default=THROTTLE_K,
                     help="overload: the client throttle's K, the ratio of requests sent to requests accepted "
                          "it allows (default %(default)g, the SRE book's)")

@@ -19,10 +19,10 @@ Every gateway's limit counts interactive requests in it (configs/gateway.py `spl
 - gateway_little: the same at L alone, L = claim x P95 there: under overload the breaker keeps the
   whole limit in flight, so room above L is wait above what the claim measured;
 - gateway_closed: the limit `tune` writes, the largest closed loop through the gateway that held
-  the SLO (tuner/in_flight.py, at most gateway_fixed's), in front of a copy with Triton's priority
-  levels and no queue policy: the gateway bounds the queue, Triton serves interactive requests
-  first within it, and nothing bounded stalls the batcher (2.51 still turns its prefetch off
-  under priority levels);
+  the SLO less the tuner's margin (tuner/in_flight.py, at most gateway_fixed's; measured on the
+  copy behind it), in front of a copy with Triton's priority levels and no queue policy: the
+  gateway bounds the queue, Triton serves interactive requests first within it, and nothing bounded
+  stalls the batcher (2.51 still turns its prefetch off under priority levels);
 - gateway_adaptive: that limit behind Envoy's adaptive concurrency filter, which moves the limit
   to keep the P95 it samples at 0.9 of the SLO (configs/gateway.py `adaptive_target_ms`), in front
   of the policy-free copy;
@@ -37,8 +37,8 @@ A quarter of the traffic is interactive: priority 1 for Triton's queues, the HIG
 gateway (both behind gateway_closed, gateway_priority and gateway_policy). Reported per run, all
 measured here: goodput (answered within the SLO per second) over the claim; interactive requests
 answered within the SLO over min(those offered, a quarter of the claim); a refusal's P95 (every
-failure but a deadline, which takes the SLO by construction); late answers (accepted and answered after the SLO, or still out
-after the drain); the CPU each process used.
+failure but a deadline, which takes the SLO by construction); late answers (accepted and answered
+after the SLO, or still out after the drain); the CPU each process used.
 
 Overload is the server's to handle, not the machine's: the server, its backend stubs and the
 gateways (sidecars in a pod) share half the cores, the generator has the other half, and the
@@ -63,7 +63,7 @@ import psutil
 
 from tritonkit.benchmarks.claim import DRAIN_S, claim_rate, in_flight_bound
 from tritonkit.benchmarks.cores import pinned, split_cores
-from tritonkit.benchmarks.pod_cpu import Pod, chart_requests, pod_cpu
+from tritonkit.benchmarks.pod_cpu import Pod, chart_requests, in_container, pod_cpu
 from tritonkit.clients import AsyncClient
 from tritonkit.clients.throttle import AdaptiveThrottle, ThrottledClient
 from tritonkit.configs.gateway import GatewayLimits, Upstream, bootstrap, in_flight_limit, queues_behind
@@ -163,19 +163,14 @@ async def _send(a: Approach, load: Load, slo_ms: float, seed: int, throttle_k: f
         return await run_load(a.url, a.model, load, a.classes, seed=seed, target=target)
 
 
-def _in(pod: Pod | None, container: str):
-    """Children started in the block go into `container`'s cgroup of the pod, if there is one."""
-    return pod.member(container) if pod else contextlib.nullcontext()
-
-
 @contextlib.contextmanager
-def _gateways(grpc_port: int, limits: dict[str, GatewayLimits], folder: Path, cpus: set[int] | None,
+def sidecar_gateways(grpc_port: int, limits: dict[str, GatewayLimits], folder: Path, cpus: set[int] | None,
               pod: Pod | None = None):
     """An Envoy per named limits in front of the server's gRPC port, on the server's cores (in the
     gateway container's cgroup)."""
     with contextlib.ExitStack() as stack:
         started = {}
-        with pinned(cpus), _in(pod, "gateway"):  # a child keeps the affinity and cgroup it was started with
+        with pinned(cpus), in_container(pod, "gateway"):  # a child keeps the affinity and cgroup it was started with
             for name, own in limits.items():
                 port, admin = free_port(), free_port()
                 config = folder / f"{name}.json"
@@ -266,14 +261,15 @@ async def _bench_config(r, label: str, copies: Copies, slo_ms: float, seconds: f
     through: dict = {}
     bound: dict = {}
     if any(a.startswith("gateway_") for a in chosen):
-        with _gateways(r.endpoints.grpc_port, {"proxy": PROXY}, folder, server_cpus, pod) as proxy, \
+        with sidecar_gateways(r.endpoints.grpc_port, {"proxy": PROXY}, folder, server_cpus, pod) as proxy, \
                 pinned(generator_cpus):
             log("  the claim through the gateway (a proxy, no limit):")
             through = await claim_rate(proxy["proxy"][0], free, slo_ms, seconds, log)
             upper = in_flight_limit(through.get("claim_rps") or rate,
                                     through.get("claim_p95_ms") or claim["claim_p95_ms"])
-            # what `tune` writes: the most in flight whose closed loop holds the SLO through it
-            bound = await in_flight_bound(proxy["proxy"][0], free, slo_ms, seconds, upper, log)
+            # what `tune` writes: the most in flight whose closed loop holds the SLO, through the
+            # gateway, on the copy served behind it (priority levels turn 2.51's prefetch off)
+            bound = await in_flight_bound(proxy["proxy"][0], copies.priority, slo_ms, seconds, upper, log, CLASSES)
     gateway_rate = through.get("claim_rps") or rate
     gateway_p95 = through.get("claim_p95_ms") or claim["claim_p95_ms"]
     # The SLO as the gateway's deadline only where Triton survives the cancellations it causes
@@ -284,7 +280,7 @@ async def _bench_config(r, label: str, copies: Copies, slo_ms: float, seconds: f
                             bound.get("in_flight") or in_flight_limit(gateway_rate, gateway_p95))
     for g, own in limits.items():
         log(f"  {g}: {own.describe()}")
-    with _gateways(r.endpoints.grpc_port, limits, folder, server_cpus, pod) as gateways, pinned(generator_cpus):
+    with sidecar_gateways(r.endpoints.grpc_port, limits, folder, server_cpus, pod) as gateways, pinned(generator_cpus):
         approaches = _approaches(direct, copies, gateways, chosen, rate, gateway_rate)
         meter = CpuMeter({"server": r.server.proc.pid},
                          {"generator": os.getpid(), **{n: e.proc.pid for n, (_, e) in gateways.items()}})
@@ -399,7 +395,7 @@ def run_overload_bench(configs: dict[str, Spec], model: str, repo: Path, state_d
         cgroups = stack.enter_context(pod_cpu(chart_requests())) if pod else None
         result["pod_cpu"] = cgroups.describe() if cgroups else None
         log(f"CPU: {cgroups.describe()}" if cgroups else "CPU: the server and the gateways in this process's cgroup")
-        with _in(cgroups, "triton"):  # Triton's backend stubs, started by it later, stay in its cgroup
+        with in_container(cgroups, "triton"):  # Triton's backend stubs, started by it later, stay in its cgroup
             r = stack.enter_context(running(served, repo, state_dir, ports=ports, log=log, cpus=server_cpus))
         for label, spec in configs.items():
             m = spec.model(model)

@@ -74,6 +74,11 @@ class Pod:
             _move(self.home, os.getpid())
 
 
+def in_container(pod: Pod | None, container: str):
+    """Children started in the block go into `container`'s cgroup of the pod, if there is one."""
+    return pod.member(container) if pod else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def pod_cpu(requests: dict[str, int], name: str = "tritonkit-bench") -> Iterator[Pod | None]:
     """A pod's CPU cgroups for `requests` (container -> millicores) while the block runs, removed

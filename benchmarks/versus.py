@@ -128,9 +128,10 @@ def _versus(case: str, folder: Path, *, ma_wall_s: float, rounds: int, seconds: 
 
 def search_proper_s(trials) -> float:
     """Seconds of the trials that searched: neither calibration, nor the end's overload gate,
-    confirmation and speed check (what Model Analyzer's time to its last new measurement compares with)."""
+    confirmation, speed check and in-flight limit (what Model Analyzer's time to its last new
+    measurement compares with)."""
     return round(sum(t.seconds for t in trials if t.phase not in ("calibrate", "overload", "confirm", "beside",
-                                                                    "speed")), 1)
+                                                                    "speed", "in_flight")), 1)
 
 
 def hold(spec, model: str, entrants: list[Entrant], work: Path, *, loads: int, seconds: float, p95_ms: float,

@@ -170,12 +170,15 @@ class Upstream:
     address: str = "127.0.0.1"
 
 
-# Model control and statistics: a load takes seconds, so it has no deadline, and both ride the HIGH
-# threshold so a bulk flood cannot lock the tuner (or a load test reading Triton's own figures) out
-# of the server it measures.
+# Model control, statistics, metadata and config: a load takes seconds, so they have no deadline,
+# and they ride the HIGH threshold so a bulk flood cannot lock the tuner (or a load test, which
+# reads a model's metadata before its first request and Triton's own figures around it) out of the
+# server it measures.
 CONTROL_PREFIXES = ("/inference.GRPCInferenceService/Repository", "/inference.GRPCInferenceService/ModelStatistics",
+                    "/inference.GRPCInferenceService/ModelMetadata", "/inference.GRPCInferenceService/ModelConfig",
                     "/v2/repository")
-CONTROL_REGEX = r"/v2/models(/[^/]+(/versions/[^/]+)?)?/stats"  # HTTP statistics, per model or of all
+# HTTP: a model's metadata, its config and statistics, per model or of all (a full match: never /infer)
+CONTROL_REGEX = r"/v2/models(/[^/]+(/versions/[^/]+)?)?(/stats|/config)?"
 # What the probe listener forwards to Triton's HTTP and metrics ports; anything else there is a 404.
 PROBE_PATHS = ("/v2/health/ready", "/v2/health/live")
 

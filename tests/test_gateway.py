@@ -219,10 +219,11 @@ def test_the_adaptive_filter_refuses_bulk_alone(gated):
         assert blocked >= 12
 
 
-def test_statistics_ride_the_control_route_not_the_inference_limit(gated):
-    """Triton's statistics (what a load test and `tune --url` read around each run) are answered by
-    a gateway whose inference threshold admits nothing at all (a second Envoy in front of the same
-    server), over gRPC and HTTP, while an inference through it is refused."""
+def test_statistics_metadata_and_config_ride_the_control_route_not_the_inference_limit(gated):
+    """Triton's statistics (what a load test and `tune --url` read around each run) and a model's
+    metadata and config (what a load test reads before its first request) are answered by a gateway
+    whose inference threshold admits nothing at all (a second Envoy in front of the same server),
+    over gRPC and HTTP, while an inference through it is refused."""
     import tritonclient.grpc as grpcclient
 
     from tritonkit.gateway import LocalEnvoy
@@ -236,9 +237,13 @@ def test_statistics_ride_the_control_route_not_the_inference_limit(gated):
         assert all("UNAVAILABLE" in s for s, _ in asyncio.run(_flood(url, 2)))  # nothing admitted ...
         stats = grpcclient.InferenceServerClient(url).get_inference_statistics("slow", as_json=True)
         assert stats["model_stats"][0]["name"] == "slow"  # ... but the statistics, both ways
-        code, body = _get(f"http://{url}/v2/models/slow/stats")
-        assert code == 200 and '"name":"slow"' in body
-        assert _get(f"http://{url}/v2/models/slow/config")[0] == 503  # a non-statistics HTTP call is admission's
+        client = grpcclient.InferenceServerClient(url)
+        assert client.get_model_metadata("slow", as_json=True)["name"] == "slow"  # and metadata and config
+        assert client.get_model_config("slow", as_json=True)["config"]["name"] == "slow"
+        for path in ("stats", "config", ""):
+            code, body = _get(f"http://{url}/v2/models/slow{'/' if path else ''}{path}")
+            assert code == 200 and '"name":"slow"' in body, (path, code, body)
+        assert _get(f"http://{url}/v2/models/slow/ready")[0] == 503  # any other HTTP call is admission's
 
 
 def _get(url: str) -> tuple[int, str]:

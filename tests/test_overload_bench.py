@@ -1,7 +1,10 @@
 """The overload bench's row: what counts as goodput, a refusal, a late answer and the interactive
-class's due, on outcomes built by hand (the bench itself runs in `make bench`)."""
+class's due, on outcomes built by hand (the bench itself runs in `make bench`); and the refusal
+bench, run briefly through a real Envoy."""
 
 from __future__ import annotations
+
+import pytest
 
 from tests.conftest import write_spec
 from tritonkit.benchmarks.overload import INTERACTIVE_SHARE, median_row
@@ -118,3 +121,28 @@ def test_behind_a_gateway_each_load_is_a_factor_of_the_claim_made_through_it():
     head, _, line = format_table("spec", result)
     assert "claim 200 req/s" in head and "through the gateway 170 req/s" in head
     assert "0.90 (0.90-0.90)" in line and "0.77 (0.77-0.77)" in line
+
+
+@pytest.mark.server
+def test_the_refusal_bench_times_refusals_alone_and_beside_a_busy_neighbour(workdir):
+    """The refusal bench through a real Envoy in front of the real server: every bulk request sent in
+    each condition is refused (the model's metadata and statistics pass on the control route), and
+    each condition's figures come from those refusals alone."""
+    from tritonkit.benchmarks.refusal import CONDITIONS, run_refusal_bench
+    from tritonkit.configs.loader import load_spec
+
+    pytest.importorskip("envoy")
+    spec = load_spec(write_spec(workdir, {"models": [{"name": "m", "onnx": "onnx/mlp.onnx", "max_batch_size": 4}],
+                                          "server": {"http_port": 0, "grpc_port": 0, "metrics_port": 0}}),
+                     workdir / "repo")
+    lines = []
+    result = run_refusal_bench(spec, "m", workdir / "repo", workdir / "state", workdir / "out", rate=100,
+                               seconds=1.0, runs=1, log=lines.append)
+    assert set(result["conditions"]) <= set(CONDITIONS) and "alone" in result["conditions"]
+    assert "busy neighbour" in result["conditions"]
+    for condition, c in result["conditions"].items():
+        (run,) = c["runs"]
+        assert run["refused"] >= 50, (condition, run)  # about 100 sent in the window, each one refused
+        assert 0 < c["p50_ms"]["median"] <= c["p95_ms"]["median"]
+    assert (workdir / "out" / "bench_refusal.json").is_file()
+    assert any(line.strip().startswith("alone") for line in lines)

@@ -119,8 +119,9 @@ def run_demo(draft: Spec, repo: Path, state_dir: Path, requests: int = 2000, con
 def gateway_step(spec: Spec, model: str, t: Tuning, rate: float, state_dir: Path, out: Path,
                  seconds: float) -> None:
     """The tuned config as `serve` runs it with `server.gateway.enabled`: Envoy in front, its limit
-    what `tune` writes (Little's law at the claim and the P95 measured there), Triton's queues as
-    they are behind it; then the claim doubled, in two classes, through Envoy."""
+    what `tune` writes (the largest closed loop that held the SLO; Little's law at the claim where
+    the tune wrote nothing), Triton's queues as they are behind it; then the claim doubled, in two
+    classes, through Envoy."""
     claim = t.best.rate or rate
     say(f"\n== 8/{STEPS} the gateway: the tuned config behind Envoy, offered {OVERLOAD:g}x the claim "
         f"({claim:g} req/s)")

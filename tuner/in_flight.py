@@ -8,14 +8,28 @@ the claim's rate times the P95 there, with room for its Poisson bursts) is only 
 the P95 stands in for the mean time in the server, and the bursts' room is exactly what overload
 fills.
 
-A closed loop at n holds when its P95 is within the SLO; a miss is measured once more before it
-counts (one stall on a shared box fails a run at any n), so a limit is never cut by one burst.
-Bisection over [1, upper], in the ask-and-tell shape of `tuner/strategy.py`: it never measures.
+A closed loop at n holds when its P95 is within the SLO less the search's margin (under overload
+the limit is always full, so every answer waits as that closed loop's did, and the margin is what
+a slower minute has); a miss is measured once more before it counts (one stall on a shared box
+fails a run at any n), so a limit is never cut by one burst.
+Bisection over [1, upper], in the ask-and-tell shape of `tuner/strategy.py`: `InFlightBound` never
+measures; `measure_in_flight` drives it with the tuner's closed loops on the config it writes (the
+overload bench drives it with its own, `benchmarks/claim.py`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tritonkit.configs.gateway import in_flight_limit
+from tritonkit.tuner.strategy import drive
+
+if TYPE_CHECKING:
+    from tritonkit.tuner.objective import Tuning
+    from tritonkit.tuner.offline import Search
+
+CLOSED_LOOP_S = 1.0  # each closed loop's steady window: at a P95 near the SLO, hundreds of answers
 
 
 @dataclass
@@ -45,3 +59,24 @@ class InFlightBound:
         """The limit to write: the largest n that held, at least 1 (one in flight serves the rest
         in turn)."""
         return max(1, self.held_most)
+
+
+def measure_in_flight(search: Search, tuning: Tuning) -> None:
+    """`tuning.in_flight`: the bound for the written config, below Little's law at its claim; left
+    None where nothing is written or the claim has no latency to start from."""
+    s = tuning.best
+    if not tuning.written or s.rate is None or s.trial is None or s.trial.p95_ms is None:
+        return
+    upper = in_flight_limit(s.rate, s.trial.p95_ms)
+    target = search.obj.target_p95_ms
+    search.log(f"== in flight: the most whose closed loop holds P95 <= {target:g} ms, at most {upper} "
+               "(the gateway's limit)")
+    bound = InFlightBound(upper)
+
+    def held(n: int) -> bool:
+        t = search.t.run(s.knobs, search.t.closed_load(n, seconds=CLOSED_LOOP_S), "in_flight")
+        return search.obj.passes(t.p95_ms, t.error_ratio)
+
+    drive(bound, held, lambda: True)
+    tuning.in_flight = bound.limit
+    search.log(f"  {bound.limit} in flight")

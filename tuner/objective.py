@@ -72,6 +72,7 @@ class Tuning:
     start_stands_beside: bool = False
     beside_why: str = ""  # what decided it: the clear pairs, or a tie and the rates each held alone
     predicts: bool = True  # the cost model could rank candidates (else the space was screened blind)
+    in_flight: int | None = None  # the gateway's limit for the written config (`tuner/in_flight.py`)
 
     @property
     def beat_start(self) -> bool:

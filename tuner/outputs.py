@@ -15,7 +15,6 @@ from pathlib import Path
 
 import yaml
 
-from tritonkit.configs.gateway import in_flight_limit
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.plots import pyplot
@@ -145,12 +144,9 @@ def plot_trials(path: Path, trials: list[Trial], tuning: Tuning) -> None:
 
 
 def admission_from(tuning: Tuning) -> int | None:
-    """The gateway's limit from the claim (`configs.gateway.in_flight_limit`: Little's law at its rate
-    and the P95 measured there, with room for bursts); None: no claim with a latency to read."""
-    s = tuning.best
-    if s.rate is None or s.trial is None or s.trial.p95_ms is None or not tuning.written:
-        return None
-    return in_flight_limit(s.rate, s.trial.p95_ms)
+    """The gateway's limit the tuning measured (`tuner/in_flight.py`); None: nothing written, or no
+    claim to measure it below."""
+    return tuning.in_flight if tuning.written else None
 
 
 def measured_by(trials: list[Trial]) -> str:

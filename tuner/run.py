@@ -19,6 +19,7 @@ from tritonkit.spec import Spec
 from tritonkit.tuner import outputs, remote
 from tritonkit.tuner.apply import LiveConfig
 from tritonkit.tuner.buckets import model_edge_sets
+from tritonkit.tuner.in_flight import measure_in_flight
 from tritonkit.tuner.knobs import Knobs, from_spec
 from tritonkit.tuner.lock import repository_lock
 from tritonkit.tuner.objective import Objective, Tuning
@@ -149,7 +150,8 @@ def bucket_edge_sets(spec: Spec, model: str, input_data: Path | None, log: Calla
 
 def _searched(search: Search, start: Knobs) -> Tuning:
     tuning = search.run(start)
-    search.speed_check(tuning)
+    search.speed_check(tuning)  # first: it repeats the calibration's last run while the budget allows
+    measure_in_flight(search, tuning)
     return tuning
 
 

@@ -6,7 +6,8 @@ What a candidate is, how it is measured, and what a result says are the caller's
 tuner's candidates are knobs measured against the incumbent (`Search.challenge`), the traffic
 mix's are joint configs measured at the rung above the incumbent's scale (`MixSearch`), the
 tuner bench's grid screens every config (`benchmarks/tuner_bench.py`), the judge's rounds walk
-every entrant in turn (`benchmarks/judge.py`, `JudgeRound`; the mix bench's judge too). Each walks a candidate's
+every entrant in turn (`benchmarks/judge.py`, `JudgeRound`; the mix bench's judge too), the
+gateway's in-flight limit bisects closed loops (`tuner/in_flight.py`). Each walks a candidate's
 rates along the one ladder walk (`tuner/ladder.py`); the searches decide each rate by the one
 verdict (`tuner/noise.py`, `settle`), the grid's screening by one run per rate, as a brute-force
 search does.
