@@ -64,7 +64,11 @@ def behind_gateway(spec: Spec) -> Spec:
     models = [queues_behind(m) if m.batching.enabled and m.max_batch_size > 0 else m for m in spec.models]
     if models == spec.models:
         return spec
-    return Spec(spec.data.model_copy(update={"models": models}), spec.path, spec.shown, spec.source)
+    behind = Spec(spec.data.model_copy(update={"models": models}), spec.path, spec.shown, spec.source)
+    # levels of at least two with their default among them, and no policy, break no rule a checked
+    # spec kept: checking it again would only read its ONNX graphs again
+    behind.checked = spec.checked
+    return behind
 
 
 def queues_said(spec: Spec) -> str:
