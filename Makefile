@@ -19,10 +19,10 @@ help:
 	@echo "make loadtest  measure MODEL at RPS req/s (exact percentiles, server breakdown) into out/loadtest"
 	@echo "make loadtest-ui  Locust web UI on :8089 against the served model (MODEL=edge_mlp; make serve first)"
 	@echo "make sweep     batch-size sweep of MODEL at RPS req/s: CSV, JSON, plots, report in out/sweep"
-	@echo "make bench     8 of the 12 benchmarks, as ratios, into out/bench (over an hour on 2 cores): serving,"
-	@echo "              footprint, generators, overload, floor, tuner, peer, routing. The other four run Model"
-	@echo "              Analyzer or many whole tunings; run each on its own: tritonkit bench versus, tritonkit"
-	@echo "              bench mix, tritonkit bench remote, tritonkit bench ablation (docs/benchmarks.md)"
+	@echo "make bench     9 of the 14 benchmarks, as ratios, into out/bench (over an hour on 2 cores): serving,"
+	@echo "              footprint, generators, overload, refusal, floor, tuner, peer, routing. The other five"
+	@echo "              run Model Analyzer, many whole tunings or long workloads; run each on its own: tritonkit"
+	@echo "              bench versus, mix, remote, ablation and buckets (docs/benchmarks.md)"
 	@echo "make tune      tune MODEL's config from measured P95 (trials, report, tuned.yaml) into out/tune"
 	@echo "make deploy    build engines (GPU), generate configs, helm upgrade --install into the current kube context"
 	@echo "              (DRY_RUN=1: only render and check the manifests, into out/deploy; TUNE=1: also run the chart's"
@@ -75,7 +75,7 @@ loadtest: $(STAMP) $(SAMPLE)
 sweep: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit sweep --spec $(SPEC) --repo $(REPO) --model $(MODEL) --rps $(RPS) --duration $(DURATION)
 
-# 8 of the 12 benchmarks (docs/benchmarks.md), over an hour on 2 cores. The tuner's bench runs an
+# 9 of the 14 benchmarks (docs/benchmarks.md), over an hour on 2 cores. The tuner's bench runs an
 # exhaustive grid as well (about half an hour); the floor bench measures how closely one config's
 # figure agrees with itself here (about ten minutes); the peer bench runs Model Analyzer's quick
 # search (at most 15 minutes) and judges its winner. Left out, each run on its own as
@@ -87,6 +87,7 @@ bench: $(STAMP) $(SAMPLE)
 	$(BIN)/tritonkit bench footprint --out out/bench
 	$(BIN)/tritonkit bench generators --out out/bench
 	$(BIN)/tritonkit bench overload --spec $(SPEC) --model $(MODEL) --out out/bench
+	$(BIN)/tritonkit bench refusal --spec $(SPEC) --model $(MODEL) --out out/bench
 	$(BIN)/tritonkit bench floor --spec $(SPEC) --model $(MODEL) --out out/bench
 	$(BIN)/tritonkit bench tuner --spec $(SPEC) --model $(MODEL) --out out/bench
 	$(BIN)/tritonkit bench peer --spec $(SPEC) --model $(MODEL) --out out/bench

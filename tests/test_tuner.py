@@ -55,7 +55,8 @@ def test_offline_meets_the_slo_that_the_spec_misses(workdir, probed):
     confirm = [t for t in log["trials"] if t["phase"] == "confirm" and t["label"] == log["best"]["label"]]
     assert confirm and sorted(t["p95_ms"] for t in confirm[-3:])[len(confirm[-3:]) // 2] < base["p95_ms"] / 2
     assert best["rate"] == 300
-    assert log["trial_count"] <= 20
+    # the budget bounds the search; the gateway's limit is measured after it, beyond --max-trials
+    assert sum(t["phase"] != "in_flight" for t in log["trials"]) <= 20
     assert log["cost_model"]["c_per_ms"] > 0
     # the decision is recorded: tuned.yaml beside the spec, and `configs` regenerates it
     tuned = yaml.safe_load((workdir / "tuned.yaml").read_text())["models"]["tunable"]
@@ -67,7 +68,10 @@ def test_offline_meets_the_slo_that_the_spec_misses(workdir, probed):
     loops = {}
     for t in log["trials"]:
         if t["phase"] == "in_flight":
-            assert t["label"] == log["best"]["label"]
+            # the written config as served behind the gateway: its batching, no queue policy
+            assert {k: t["knobs"][k] for k in ("max_batch_size", "max_queue_delay_us", "instances")} == \
+                {k: log["best"]["knobs"][k] for k in ("max_batch_size", "max_queue_delay_us", "instances")}
+            assert "default_queue_policy" not in t["knobs"]
             held = t["p95_ms"] is not None and t["p95_ms"] <= target and t["error_ratio"] <= 0.01
             loops.setdefault(int(t["load"].split()[2]), []).append(held)
     assert loops and 1 <= in_flight <= in_flight_limit(best["rate"], best["p95_ms"])

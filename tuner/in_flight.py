@@ -19,7 +19,7 @@ overload bench drives it with its own, `benchmarks/claim.py`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from tritonkit.configs.gateway import in_flight_limit
@@ -62,11 +62,14 @@ class InFlightBound:
 
 
 def measure_in_flight(search: Search, tuning: Tuning) -> None:
-    """`tuning.in_flight`: the bound for the written config, below Little's law at its claim; left
+    """`tuning.in_flight`: the bound for the written config as served behind the gateway (without
+    its queue policies, unless the spec keeps them there), below Little's law at its claim; left
     None where nothing is written or the claim has no latency to start from."""
     s = tuning.best
     if not tuning.written or s.rate is None or s.trial is None or s.trial.p95_ms is None:
         return
+    behind = s.knobs if search.t.spec.server.gateway.keep_queue_policies else \
+        replace(s.knobs, queue=None, level_queues=())
     upper = in_flight_limit(s.rate, s.trial.p95_ms)
     target = search.obj.target_p95_ms
     search.log(f"== in flight: the most whose closed loop holds P95 <= {target:g} ms, at most {upper} "
@@ -74,7 +77,7 @@ def measure_in_flight(search: Search, tuning: Tuning) -> None:
     bound = InFlightBound(upper)
 
     def held(n: int) -> bool:
-        t = search.t.run(s.knobs, search.t.closed_load(n, seconds=CLOSED_LOOP_S), "in_flight")
+        t = search.t.run(behind, search.t.closed_load(n, seconds=CLOSED_LOOP_S), "in_flight")
         return search.obj.passes(t.p95_ms, t.error_ratio)
 
     drive(bound, held, lambda: True)
