@@ -191,7 +191,7 @@ def test_demo_finishes_and_batches(tmp_path, probed):
     # behind the gateway: the tuned limit, Triton's queues as `serve` writes them there, and answers
     # through Envoy within the SLO
     gateway = res.stdout.split("the gateway: the tuned config behind Envoy")[-1]
-    assert re.search(r"gateway \S+: \d+ in flight", gateway), res.stdout
+    assert re.search(r"gateway \S+: \d+ bulk \+ \d+ interactive in flight", gateway), res.stdout
     assert "Triton's queues: priority levels, no queue policy" in gateway
     within = re.search(r"offered \d+ req/s: (\d+) req/s answered within 25 ms", gateway)
     assert within and int(within.group(1)) > 0, gateway
