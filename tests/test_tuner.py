@@ -75,7 +75,8 @@ def test_offline_meets_the_slo_that_the_spec_misses(workdir, probed):
             held = t["p95_ms"] is not None and t["p95_ms"] <= target and t["error_ratio"] <= 0.01
             loops.setdefault(int(t["load"].split()[2]), []).append(held)
     assert loops and 1 <= in_flight <= in_flight_limit(best["rate"], best["p95_ms"])
-    assert in_flight == max([n for n, runs in loops.items() if any(runs)], default=1)
+    assert in_flight == max([n for n, runs in loops.items() if any(runs)], default=1) == log["in_flight"]
+    assert f"Gateway limit: {in_flight} requests in flight" in (workdir / "out" / "report.md").read_text()
     assert all(len(runs) == 2 for n, runs in loops.items() if not any(runs))  # a miss ran twice
     cfg = workdir / "repo" / "tunable" / "config.pbtxt"
     assert f"max_queue_delay_microseconds: {tuned['batching']['max_queue_delay_us']}" in cfg.read_text() \

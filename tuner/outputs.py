@@ -54,6 +54,7 @@ def log_json(model: str, tuning: Tuning, trials: list[Trial], seconds: float, ab
                       "rps": tuning.objective.rps, "max_error_ratio": tuning.objective.max_error_ratio},
         "noise": {"p95_log_sd": tuning.noise_log_sd, "repeated_runs": tuning.noise_repeats},
         "speed": tuning.speed,
+        "in_flight": tuning.in_flight,
         "bound": tuning.bound,
         "cost_model": tuning.cost_model.to_json() if tuning.cost_model else None,
         "baseline": _score(tuning.baseline), "best": _score(tuning.best), "confirmed": tuning.confirmed,
@@ -203,6 +204,10 @@ def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial],
         lines += [f"Machine speed: one batch of {sp['batch']} took {sp['start_ms']:.2f} ms at the start of this "
                   f"tune and {sp['end_ms']:.2f} ms at its end ({100 * sp['change']:+.0f}%). Rates measured on this "
                   "machine at another time move with its speed.", ""]
+    if tuning.in_flight is not None:
+        lines += [f"Gateway limit: {tuning.in_flight} requests in flight (`admission.max_in_flight` in tuned.yaml), "
+                  "the largest closed loop of the written config that held the SLO less the margin (the `in_flight` "
+                  "trials): under overload Envoy keeps that many in flight, and each waits as they did.", ""]
     limited = [t.n for t in trials if t.generator_limited]
     if limited:
         lines += [f"The load generator, not the server, limited trials {', '.join(map(str, limited))} (see their "
