@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from tritonkit.tuner.offline import Search
 
 CLOSED_LOOP_S = 1.0  # each closed loop's steady window: at a P95 near the SLO, hundreds of answers
+# the most closed loops a tune spends on it: a bisection below 30 with a miss run twice needs at
+# most ten, and one cut short keeps the largest that held (lower: more refused, none late)
+MAX_RUNS = 10
 
 
 @dataclass
@@ -76,10 +79,13 @@ def measure_in_flight(search: Search, tuning: Tuning) -> None:
                "(the gateway's limit)")
     bound = InFlightBound(upper)
 
+    runs: list[int] = []
+
     def held(n: int) -> bool:
+        runs.append(n)
         t = search.t.run(behind, search.t.closed_load(n, seconds=CLOSED_LOOP_S), "in_flight")
         return search.obj.passes(t.p95_ms, t.error_ratio)
 
-    drive(bound, held, lambda: True)
+    drive(bound, held, lambda: len(runs) < MAX_RUNS)
     tuning.in_flight = bound.limit
     search.log(f"  {bound.limit} in flight")
