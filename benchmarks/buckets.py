@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from tritonkit.loadtests.load import Load, run_figures
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.loadtests.server_stats import breakdown
 from tritonkit.serving import running
+from tritonkit.stats import medians
 from tritonkit.tuner.buckets import NO_PADDING, best_edges, choose, length_weights, padding_waste
 
 DISTS = ("uniform", "loguniform")
@@ -112,11 +112,7 @@ def _rule(dist: str) -> InputRule:
 
 
 def _median(rows: list[dict]) -> dict:
-    out = {}
-    for key in ("padding_waste", "mean_batch", "p95_ms", "claim_rps"):
-        values = [r[key] for r in rows if r[key] is not None]
-        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
-    return out
+    return medians(rows, ("padding_waste", "mean_batch", "p95_ms", "claim_rps"))
 
 
 def format_table(dist: str, res: dict) -> list[str]:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from tritonkit.loadtests.asyncgen import run_load
 from tritonkit.loadtests.load import Load, RequestClass, run_figures
+from tritonkit.slo import SloBound
 from tritonkit.tuner.in_flight import InFlightBound
 from tritonkit.tuner.rules import RULES
 
@@ -44,13 +45,14 @@ async def in_flight_bound(url: str, model: str, slo_ms: float, seconds: float, u
     """The gateway's limit for `model` as `tune` measures it: the largest closed loop up to `upper`
     whose P95 holds the SLO less the tuner's margin (`tuner/in_flight.py` says why and how), with
     each run. `classes`: the traffic's, as the gateway will pass it."""
-    target = slo_ms * (1 - RULES.slo_margin)
+    bound = SloBound(slo_ms, margin=RULES.slo_margin, max_error_ratio=0.0)  # as `tune` judges it, no error
+    target = bound.target_p95_ms
     search, tried = InFlightBound(upper), []
     while (n := search.ask()) is not None:
         load = Load(concurrency=n, duration_s=seconds, warmup_s=1.0, drain_s=DRAIN_S)
         out = await run_load(url, model, load, classes)
         f = run_figures(load, out)
-        held = f.p95_ms is not None and f.p95_ms <= target and f.error_ratio == 0
+        held = bound.passes(f.p95_ms, f.error_ratio)
         tried.append({"in_flight": n, "rps": round(f.ok_rps, 1), "p95_ms": f.p95_ms and round(f.p95_ms, 2),
                       "held": held})
         search.tell(n, held)

@@ -78,7 +78,7 @@ from tritonkit.loadtests.results import SCHEMA
 from tritonkit.server import free_port
 from tritonkit.serving import running
 from tritonkit.spec import GatewaySpec, Spec
-from tritonkit.stats import percentile
+from tritonkit.stats import medians, percentile
 from tritonkit.support import cancels_safely
 
 FACTORS = (0.8, 1.5, 2.0, 3.0)
@@ -234,10 +234,8 @@ async def _added_latency(direct: Approach, gateway: Approach, rate: float, secon
 
 def median_row(runs: list[dict]) -> dict:
     """The runs of one approach at one factor: each figure's median, min and max."""
-    out = {}
-    for key in ("goodput_ratio", "goodput_direct_ratio", "interactive_within_ratio", "refusal_p95_ms", "late"):
-        values = [r[key] for r in runs if r.get(key) is not None]
-        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
+    out = medians(runs, ("goodput_ratio", "goodput_direct_ratio", "interactive_within_ratio", "refusal_p95_ms",
+                         "late"))
     out["cpu_percent"] = {name: statistics.median(r["cpu_percent"][name] for r in runs)
                           for name in runs[0]["cpu_percent"]}
     out["generator_limited_runs"] = sum(r["generator_limited"] for r in runs)
@@ -258,20 +256,18 @@ async def _bench_config(r, label: str, copies: Copies, slo_ms: float, seconds: f
     # Behind a gateway the claim is the one made through it, as `tune --url` through the gateway
     # makes it: the proxy's latency and its share of the server's cores are the deployment's, and
     # an admission control can keep no more than that claim
-    through: dict = {}
-    bound: dict = {}
+    gateway_rate, gateway_p95, through, bound = rate, claim["claim_p95_ms"], {}, {}
     if any(a.startswith("gateway_") for a in chosen):
         with sidecar_gateways(r.endpoints.grpc_port, {"proxy": PROXY}, folder, server_cpus, pod) as proxy, \
                 pinned(generator_cpus):
             log("  the claim through the gateway (a proxy, no limit):")
             through = await claim_rate(proxy["proxy"][0], free, slo_ms, seconds, log)
-            upper = in_flight_limit(through.get("claim_rps") or rate,
-                                    through.get("claim_p95_ms") or claim["claim_p95_ms"])
+            gateway_rate = through.get("claim_rps") or rate
+            gateway_p95 = through.get("claim_p95_ms") or gateway_p95
             # what `tune` writes: the most in flight whose closed loop holds the SLO, through the
             # gateway, on the copy served behind it (priority levels turn 2.51's prefetch off)
-            bound = await in_flight_bound(proxy["proxy"][0], copies.priority, slo_ms, seconds, upper, log, CLASSES)
-    gateway_rate = through.get("claim_rps") or rate
-    gateway_p95 = through.get("claim_p95_ms") or claim["claim_p95_ms"]
+            bound = await in_flight_bound(proxy["proxy"][0], copies.priority, slo_ms, seconds,
+                                          in_flight_limit(gateway_rate, gateway_p95), log, CLASSES)
     # The SLO as the gateway's deadline only where Triton survives the cancellations it causes
     # (support.cancels_safely); elsewhere the in-flight limit alone bounds the wait
     with r.client() as c:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -38,7 +37,7 @@ from tritonkit.loadtests.load import Load, RequestClass
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.serving import running
 from tritonkit.spec import Spec
-from tritonkit.stats import percentile
+from tritonkit.stats import medians, percentile
 
 CONDITIONS = ("alone", "busy neighbour", "busy neighbour, equal weights")
 REFUSE_ALL = GatewayLimits(max_requests=0, max_requests_high=1_000, timeout_ms=None)  # bulk: none admitted
@@ -98,20 +97,12 @@ def run_refusal_bench(spec: Spec, model: str, repo: Path, state_dir: Path, out_d
                     log(f"  {condition}, run {run + 1}: {len(ms)} refused, P50 {per_run[-1]['p50_ms']} ms, "
                         f"P95 {per_run[-1]['p95_ms']} ms")
                 result["conditions"][condition] = {"cgroups": pod.describe() if pod else "one flat cgroup",
-                                                   "runs": per_run, **_spread(per_run)}
+                                                   "runs": per_run, **medians(per_run, ("p50_ms", "p95_ms"))}
     for line in format_refusal_bench(result):
         log(line)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(out_dir / "bench_refusal.json", json.dumps(result, indent=2).encode())
     return result
-
-
-def _spread(runs: list[dict]) -> dict:
-    out = {}
-    for key in ("p50_ms", "p95_ms"):
-        values = [r[key] for r in runs if r[key] is not None]
-        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
-    return out
 
 
 def format_refusal_bench(result: dict) -> list[str]:

@@ -3,7 +3,7 @@
 sample model -> configs -> serve -> a concurrent burst (latency and batch statistics) -> a short
 headless Locust load test with two priority classes -> a short batch-size sweep and its report -> stop
 -> the tuner for the model's SLO, before and after -> the tuned config served behind the gateway
-(Envoy, its limit from the tuner's claim), offered twice that claim.
+(Envoy, at the in-flight limit the tuner measured), offered twice its claim.
 """
 
 from __future__ import annotations

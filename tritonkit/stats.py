@@ -48,3 +48,13 @@ def relative_range(values: Sequence[float]) -> float | None:
     if len(values) < 2 or statistics.median(values) <= 0:
         return None
     return (max(values) - min(values)) / statistics.median(values)
+
+
+def medians(rows: Sequence[dict], keys: Sequence[str]) -> dict[str, dict | None]:
+    """Each key's median, min and max over the rows that have it (None where none has): a bench's
+    figure over its repeated runs."""
+    out = {}
+    for key in keys:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
+    return out
