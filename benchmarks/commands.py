@@ -65,14 +65,19 @@ def cmd_bench(a: argparse.Namespace) -> int:
         s = TuneSettings(max_trials=a.max_trials, engine=a.engine)
         raise_flag_problems([("--rounds", rounds >= 1, "judge at least once, e.g. 3"),
                              ("--kit-runs", a.kit_runs >= 1, "tune at least once, e.g. 3"),
-                             ("--ma-wall-s", a.ma_wall_s > 0, "give Model Analyzer some time, e.g. 900")])
+                             ("--ma-wall-s", a.ma_wall_s > 0, "give Model Analyzer some time, e.g. 900"),
+                             ("--quiet-judge", not a.quiet_judge or a.noise_source,
+                              "it stops the noise source before the judge: give --noise-source too"),
+                             ("--rejudge-from", not (a.rejudge_from and a.noise_source),
+                              "an earlier sitting's picks are judged quietly: leave out --noise-source")])
         if not a.table:
-            require_model_analyzer()
+            if not a.rejudge_from:
+                require_model_analyzer()
             for case in a.case or list(CASES):
                 run_versus(case, a.out / "versus", ma_wall_s=a.ma_wall_s, rounds=rounds, seconds=a.seconds,
                            engine=s.engine, max_trials=s.max_trials, kit_runs=a.kit_runs,
                            model_analyzer_from=a.model_analyzer_from, hold_loads=a.hold_loads,
-                           noise=a.noise_source, log=say)
+                           noise=a.noise_source, quiet_judge=a.quiet_judge, rejudge_from=a.rejudge_from, log=say)
             say(f"wrote {a.out / 'versus'}/<case>/bench_versus.json")
         results = read_versus(a.out / "versus")
         if not results:
@@ -212,6 +217,12 @@ def register(sub) -> None:
     sp.add_argument("--noise-source", action="store_true",
                     help="versus: run each case beside a process that burns one core in random bursts, about a "
                          "third of the time (a noisy edge node)")
+    sp.add_argument("--quiet-judge", action="store_true",
+                    help="versus: with --noise-source, stop the source before the judge, so it ranks what each "
+                         "side wrote beside the noise rather than the noise of its own runs")
+    sp.add_argument("--rejudge-from", type=Path,
+                    help="versus: search nothing; judge again, quietly, the picks of an earlier run's folder (or "
+                         "bench_versus.json) of each case")
     sp.add_argument("--table", action="store_true",
                     help="versus: run nothing; print the markdown table of every case already under --out "
                          "(also written as versus/versus.md after each run)")

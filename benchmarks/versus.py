@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tritonkit.benchmarks.cases import CASES, write_case
@@ -32,29 +32,63 @@ from tritonkit.errors import input_error
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.slo import ERROR_BOUND
-from tritonkit.tuner.knobs import from_spec, max_instances
+from tritonkit.spec import ModelSpec
+from tritonkit.tuner.knobs import Knobs, from_spec, max_instances
 from tritonkit.tuner.run import max_batch_bound, tune_offline
 from tritonkit.tuner.settings import TuneSettings
 from tritonkit.tuner.trials import TrialWindow
 
 
+@dataclass
+class Sitting:
+    """What one case's searches leave the judge: each side's facts, and each side's pick as an entrant."""
+
+    sides: dict[str, dict]
+    entrants: list[Entrant]
+    claims: dict[str, float | None]  # each confirmed kit winner's claim: what a hold load tests
+    model_analyzer: dict
+
+
 def run_versus(case: str, out_dir: Path, *, ma_wall_s: float, rounds: int = 3, seconds: float = 5.0,
                engine: str = TuneSettings.engine, max_trials: int = TuneSettings.max_trials, kit_runs: int = 1,
                model_analyzer_from: Path | None = None, hold_loads: int = 0, hold_s: float = 30.0,
-               noise: bool = False, log: Callable[[str], None] = print) -> dict:
+               noise: bool = False, quiet_judge: bool = False, rejudge_from: Path | None = None,
+               log: Callable[[str], None] = print) -> dict:
     """One case: MA's search (or its result from an earlier `bench_versus.json` of this case, as MA
     runs take 3-9 minutes here), `tune` `kit_runs` times from the same start, then every winner
     before the judge together, so each tuning's pick is judged in the same rounds as MA's. Then,
     for the most throughput, `hold_loads` load tests of `hold_s` seconds of each confirmed kit
-    winner at the rate its tuning promised. `noise`: all of it beside the noise source
-    (benchmarks/noise_source.py), whose share of a core is recorded with the result."""
+    winner at the rate its tuning promised.
+
+    `noise`: all of it beside the noise source (benchmarks/noise_source.py), whose share of a core
+    is recorded with the result; `quiet_judge`: the judge after the source is stopped, so that it
+    ranks what each side wrote beside the noise, not the noise of its own runs. `rejudge_from`: no
+    search; the picks of an earlier sitting of this case (its folder, or its bench_versus.json)
+    judged again, quietly."""
     folder = Path(out_dir).resolve() / case
-    with noise_source(folder / "noise_source.log", seed=CASES.index(case)) if noise else \
-            contextlib.nullcontext({}) as took:
-        result = _versus(case, folder, ma_wall_s=ma_wall_s, rounds=rounds, seconds=seconds, engine=engine,
-                         max_trials=max_trials, kit_runs=kit_runs, model_analyzer_from=model_analyzer_from,
-                         hold_loads=hold_loads, hold_s=hold_s, log=log)
-    result["noise_source"] = took or None
+    spec = load_spec(write_case(case, folder), folder / "repo")
+    model = spec.models[0].name
+    with contextlib.ExitStack() as noisy:
+        took = noisy.enter_context(noise_source(folder / "noise_source.log", seed=CASES.index(case))) if noise else {}
+        if rejudge_from is not None:
+            file, earlier = read_earlier(rejudge_from, case)
+            sitting = earlier_sitting(file, earlier, spec.model(model))
+            log(f"==== case {case}: the picks of {rejudge_from}, judged again")
+        else:
+            sitting = _search(case, spec, folder, ma_wall_s=ma_wall_s, engine=engine, max_trials=max_trials,
+                              kit_runs=kit_runs, model_analyzer_from=model_analyzer_from, log=log)
+        if quiet_judge:
+            noisy.close()
+        judged = _judge(spec, model, sitting, folder, rounds=rounds, seconds=seconds, hold_loads=hold_loads,
+                        hold_s=hold_s, log=log)
+    result = {"schema": SCHEMA, "kind": "bench/versus", "case": case, "model": model,
+              "p95_ms": spec.model(model).slo.p95_ms, "rps": spec.model(model).slo.rps, "engine": engine,
+              "sides": sitting.sides, "model_analyzer": sitting.model_analyzer, "judge": judged,
+              # the noise the searches ran beside (None: a quiet box), and whether the judge ran beside it too
+              "noise_source": took or None, "judged_beside_noise": bool(took) and not quiet_judge}
+    if rejudge_from is not None:
+        result |= {"rejudged_from": str(rejudge_from), "engine": earlier["engine"],
+                   "noise_source": earlier.get("noise_source")}
     if took:
         log(f"noise source: {took['busy_share']:.0%} of a core in {took['bursts']} bursts over {took['seconds']:.0f} s")
     write_bytes_atomic(folder / "bench_versus.json", json.dumps(result, indent=2, default=str).encode())
@@ -62,16 +96,14 @@ def run_versus(case: str, out_dir: Path, *, ma_wall_s: float, rounds: int = 3, s
     return result
 
 
-def _versus(case: str, folder: Path, *, ma_wall_s: float, rounds: int, seconds: float, engine: str, max_trials: int,
-            kit_runs: int, model_analyzer_from: Path | None, hold_loads: int, hold_s: float,
-            log: Callable[[str], None]) -> dict:
-    spec = load_spec(write_case(case, folder), folder / "repo")
+def _search(case: str, spec, folder: Path, *, ma_wall_s: float, engine: str, max_trials: int, kit_runs: int,
+            model_analyzer_from: Path | None, log: Callable[[str], None]) -> Sitting:
     model = spec.models[0].name
     start = spec.model(model)
     slo, rps = start.slo.p95_ms, start.slo.rps
     bound = max(1, max_batch_bound(spec, model))
     if model_analyzer_from is not None:
-        ma = earlier_model_analyzer(model_analyzer_from, case)
+        ma = read_earlier(model_analyzer_from, case)[1]["model_analyzer"]
         log(f"==== case {case}: Model Analyzer's quick search, as measured in {model_analyzer_from}")
     else:
         log(f"==== case {case}: Model Analyzer's quick search")
@@ -79,8 +111,6 @@ def _versus(case: str, folder: Path, *, ma_wall_s: float, rounds: int, seconds: 
                                 max_instances=max_instances(), max_batch=bound, wall_s=ma_wall_s, log=log)
     log(format_model_analyzer(ma))
     sides: dict[str, dict] = {}
-    entrants = []
-    claims: dict[str, float | None] = {}  # each confirmed kit winner's claim: what a hold load tests
     for i in range(1, kit_runs + 1):
         name = "kit" if kit_runs == 1 else f"kit{i}"
         log(f"==== case {case}: tritonkit tune, run {i} of {kit_runs} (trials measured by {engine})")
@@ -90,40 +120,66 @@ def _versus(case: str, folder: Path, *, ma_wall_s: float, rounds: int, seconds: 
         t = tuned.tuning
         # the config the tuning writes: the start where it wrote none
         written = t.best.knobs if t.written else from_spec(start)
-        # no claim for the judge: it brackets every entrant from its own capacity, the kit's as Model
-        # Analyzer's, and starts them all a rung above the highest (benchmarks/judge.py says why)
-        entrants.append(Entrant(name, written.model(start)))
-        claims[name] = None if rps or not t.confirmed else t.best.rate
         sides[name] = {"search_s": round(tuned.seconds, 1), "measurements": len(tuned.trials.trials),
                        "configs": len({x.label for x in tuned.trials.trials}), "winner": t.best.knobs.label(),
-                       "confirmed": t.confirmed, "kept": t.kept, "written": t.written,
+                       "config": written.to_json(), "confirmed": t.confirmed, "kept": t.kept, "written": t.written,
                        "search_proper_s": search_proper_s(tuned.trials.trials),
                        "best_measured": t.best_measured and list(t.best_measured),
                        "differs_because": t.differs_because, "cost_model_predicts": t.predicts,
                        "claim_rps": None if rps or t.best.rate is None else round(t.best.rate, 1)}
-    if ma["winner"] is not None:
-        entrants.append(Entrant("model_analyzer", winner_model(peer_start(start)[0], ma["winner"])))
     sides["model_analyzer"] = {
         "search_s": ma["search_s"], "wall_s": ma["wall_s"], "measurements": len(ma["configs"]),
         "configs": len({m["variant"] for m in ma["configs"]}), "stopped": ma["stopped"],
         "winner": None if ma["winner"] is None else
         f"batch {ma['winner']['max_batch_size']} x{ma['winner']['instances']}",
         "reused_from": None if model_analyzer_from is None else str(model_analyzer_from)}
+    return _sitting(sides, ma, start, rps)
+
+
+def earlier_sitting(file: Path, earlier: dict, start: ModelSpec) -> Sitting:
+    """An earlier sitting's sides and picks (`--rejudge-from`): each tuning's written config as its
+    record holds it, and Model Analyzer's winner, on this case's start."""
+    sides = {name: {k: v for k, v in s.items() if k != "judged"} | {"earlier_judged": s.get("judged")}
+             for name, s in earlier["sides"].items()}
+    for name, s in sides.items():
+        if name != "model_analyzer" and "config" not in s:
+            raise input_error(str(file), f"sides.{name}.config",
+                              "this sitting's record does not hold the config its tuning wrote",
+                              "judge a sitting recorded by this version of `tritonkit bench versus`")
+    return _sitting(sides, earlier["model_analyzer"], start, earlier["rps"])
+
+
+def _sitting(sides: dict[str, dict], ma: dict, start: ModelSpec, rps: float | None) -> Sitting:
+    # no claim for the judge: it brackets every entrant from its own capacity, the kit's as Model
+    # Analyzer's, and starts them all a rung above the highest (benchmarks/judge.py says why)
+    entrants = [Entrant(name, Knobs.from_json(s["config"]).model(start))
+                for name, s in sides.items() if name != "model_analyzer"]
+    claims = {name: None if rps or not s["confirmed"] else s["claim_rps"]
+              for name, s in sides.items() if name != "model_analyzer"}
+    if ma["winner"] is not None:
+        entrants.append(Entrant("model_analyzer", winner_model(peer_start(start)[0], ma["winner"])))
+    return Sitting(sides, entrants, claims, ma)
+
+
+def _judge(spec, model: str, sitting: Sitting, folder: Path, *, rounds: int, seconds: float, hold_loads: int,
+           hold_s: float, log: Callable[[str], None]) -> dict:
+    """Every pick in the same rounds; each side's figure goes into its facts."""
+    slo, rps = spec.model(model).slo.p95_ms, spec.model(model).slo.rps
     if rps:
-        judged = judge_at_rate(spec, model, entrants, folder / "judge", rps=rps, p95_ms=slo, rounds=rounds,
+        judged = judge_at_rate(spec, model, sitting.entrants, folder / "judge", rps=rps, p95_ms=slo, rounds=rounds,
                                seconds=seconds, log=log)
     else:
-        judged = judge(spec, model, entrants, folder / "judge", p95_ms=slo, rounds=rounds, seconds=seconds, log=log)
+        judged = judge(spec, model, sitting.entrants, folder / "judge", p95_ms=slo, rounds=rounds, seconds=seconds,
+                       log=log)
     log(format_judged(judged))
-    for name, side in sides.items():
+    for name, side in sitting.sides.items():
         side["judged"] = judged["entrants"].get(name)
-    promised = [replace(e, claim_rps=claims[e.name]) for e in entrants if claims.get(e.name)]
+    promised = [replace(e, claim_rps=sitting.claims[e.name]) for e in sitting.entrants if sitting.claims.get(e.name)]
     if hold_loads and promised:
         held = hold(spec, model, promised, folder / "hold", loads=hold_loads, seconds=hold_s, p95_ms=slo, log=log)
         for name, runs in held.items():
-            sides[name]["held_loads"] = runs
-    return {"schema": SCHEMA, "kind": "bench/versus", "case": case, "model": model, "p95_ms": slo, "rps": rps,
-            "engine": engine, "sides": sides, "model_analyzer": ma, "judge": judged}
+            sitting.sides[name]["held_loads"] = runs
+    return judged
 
 
 def search_proper_s(trials) -> float:
@@ -148,20 +204,19 @@ def hold(spec, model: str, entrants: list[Entrant], work: Path, *, loads: int, s
     return out
 
 
-def earlier_model_analyzer(path: Path, case: str) -> dict:
-    """MA's result for `case` from an earlier run: a `bench_versus.json`, or a folder holding
-    `<case>/bench_versus.json`."""
+def read_earlier(path: Path, case: str) -> tuple[Path, dict]:
+    """An earlier sitting of `case`: a `bench_versus.json`, or a folder holding `<case>/bench_versus.json`."""
     path = Path(path)
     file = path / case / "bench_versus.json" if path.is_dir() else path
     try:
         r = json.loads(file.read_text())
     except (OSError, ValueError) as e:
-        raise input_error(str(file), "model_analyzer", f"cannot read an earlier Model Analyzer result: {e}",
+        raise input_error(str(file), "bench_versus.json", f"cannot read an earlier sitting: {e}",
                           "give a bench_versus.json written by `tritonkit bench versus`, or its folder") from None
     if r.get("kind") != "bench/versus" or r.get("case") != case or "model_analyzer" not in r:
         raise input_error(str(file), "case", f"this is not `bench versus` case {case}'s result",
                           f"give the bench_versus.json of case {case}")
-    return r["model_analyzer"]
+    return file, r
 
 
 def versus_table(results: list[dict]) -> str:
@@ -176,8 +231,10 @@ def versus_table(results: list[dict]) -> str:
         ma = r["sides"].get("model_analyzer", {})
         ma_fig, ma_s = _judged_figure(ma, latency), ma.get("search_s")
         objective = f"lowest P95 at {r['rps']:g} req/s" if latency else f"P95 <= {r['p95_ms']:g} ms"
-        noise = f", beside the noise source ({r['noise_source']['busy_share']:.0%} of a core)" \
-            if r.get("noise_source") else ""
+        noise = ""
+        if r.get("noise_source"):
+            noise = f", beside the noise source ({r['noise_source']['busy_share']:.0%} of a core)"
+            noise += "" if r.get("judged_beside_noise", True) else ", judged without it"
         for i, (name, s) in enumerate(r["sides"].items()):
             case = f"{r['case']}, {objective}{noise}" if i == 0 else ""
             fig = _judged_figure(s, latency)

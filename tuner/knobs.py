@@ -95,6 +95,19 @@ class Knobs:
             out["bucket_edges"] = list(self.edges)
         return out
 
+    @classmethod
+    def from_json(cls, d: dict) -> Knobs:
+        """The knobs a record's `to_json` wrote (a bench's written config, judged again later)."""
+        levels = d.get("priority_queue_policies") or {}
+        knobs = cls(d["max_batch_size"], d["max_queue_delay_us"], d["instances"],
+                    queue=None if d.get("default_queue_policy") is None else
+                    QueuePolicy.model_validate(d["default_queue_policy"]),
+                    level_queues=tuple((int(lv), QueuePolicy.model_validate(p)) for lv, p in levels.items()),
+                    edges=None if d.get("bucket_edges") is None else tuple(d["bucket_edges"]))
+        # sizes the default rule gives stay the rule's, so a round trip returns equal knobs
+        sizes = tuple(d.get("preferred_batch_sizes", knobs.preferred))
+        return knobs if list(sizes) == knobs.preferred else replace(knobs, preferred_sizes=sizes)
+
 
 def _queue_label(q: QueuePolicy) -> str:
     if not q.max_queue_size and not q.default_timeout_us:
