@@ -209,6 +209,52 @@ def test_the_versus_table_puts_every_tuning_beside_model_analyzer(tmp_path):
     assert empty.returncode == 2 and "--table" in empty.stderr and "Traceback" not in empty.stderr, empty.stderr
 
 
+def test_an_earlier_sitting_is_judged_again_from_the_configs_it_wrote(tmp_path):
+    """`bench versus --rejudge-from`: each tuning's written config comes back from its record, queue
+    policy and all, and Model Analyzer's winner on the case's start; a record without the written
+    config, and the flags that contradict a quiet judge, are exit 2 naming the field or flag."""
+    from tests.conftest import tritonkit
+    from tritonkit.benchmarks.cases import write_case
+    from tritonkit.benchmarks.versus import earlier_sitting, read_earlier, versus_table
+    from tritonkit.errors import InputError
+    from tritonkit.tuner.knobs import Knobs
+
+    start = load_spec(write_case("tiny", tmp_path / "case"), tmp_path / "case" / "repo").models[0]
+    written = Knobs(4, 500, 2, queue=QueuePolicy(max_queue_size=8, default_timeout_us=9000))
+    ma = {"winner": {"max_batch_size": 2, "instances": 2, "max_queue_delay_us": 0, "preferred_batch_sizes": [],
+                     "dynamic_batching": True}}
+    r = _versus_result("tiny", None, {"config": written.to_json(), "claim_rps": 900.0, "search_s": 150.0,
+                                      "search_proper_s": 90.0, "winner": written.label(),
+                                      "judged": {"rps": 800.0, "rounds_rps": [800.0]}},
+                       {**ma, "search_s": 300.0, "wall_s": 450.0, "winner": "batch 2 x2"},
+                       noise={"busy_share": 0.31, "bursts": 90, "seconds": 800})
+    r["model_analyzer"] = ma
+    (tmp_path / "earlier" / "tiny").mkdir(parents=True)
+    (tmp_path / "earlier" / "tiny" / "bench_versus.json").write_text(json.dumps(r))
+    file, earlier = read_earlier(tmp_path / "earlier", "tiny")
+    sitting = earlier_sitting(file, earlier, start)
+    kit, peer = sitting.entrants
+    assert kit.name == "kit1" and kit.model == written.model(start)
+    assert kit.model.batching.default_queue_policy.max_queue_size == 8 and kit.model.instances.count == 2
+    assert peer.name == "model_analyzer" and (peer.model.max_batch_size, peer.model.instances.count) == (2, 2)
+    assert sitting.claims == {"kit1": 900.0}
+    assert sitting.sides["kit1"]["earlier_judged"]["rps"] == 800.0 and "judged" not in sitting.sides["kit1"]
+
+    del earlier["sides"]["kit1"]["config"]
+    with pytest.raises(InputError) as e:
+        earlier_sitting(file, earlier, start)
+    assert e.value.problems[0].path == "sides.kit1.config" and e.value.problems[0].file == str(file)
+
+    # searched beside the source, judged without it: the table says both
+    r["judged_beside_noise"] = False
+    assert "beside the noise source (31% of a core), judged without it" in versus_table([r])
+    for flags, named in ((["--quiet-judge"], "--quiet-judge"),
+                         (["--noise-source", "--rejudge-from", str(tmp_path / "earlier")], "--rejudge-from")):
+        done = tritonkit("bench", "versus", "--case", "tiny", *flags, "--out", str(tmp_path / "out"))
+        assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_measurement_under_way_is_progress_not_a_stall():
     """Model Analyzer's log as it stood when the kit stopped it beside the noise source: one
     measurement of wide had been widening perf_analyzer's window for three minutes. That is a
