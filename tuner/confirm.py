@@ -75,6 +75,12 @@ def protect_and_confirm(search: Search, tuning: Tuning, cm: CostModel) -> None:
             tuning.differs_because = (f"{best.knobs.label()} won the search; its protective queue policy runs "
                                       f"{confirmed.knobs.instances} instances, as the probe found a bounded queue "
                                       "stalls the batcher on fewer")
+    if confirmed is None and not best.passed:
+        # a finalist unsettled by its walk (offline.py `_unsettled`) is written only where it holds
+        tuning.best, tuning.differs_because = tuning.baseline, ""
+        tuning.beside_why = f"{best.knobs.label()} held at no rate of its confirmation"
+        search.log(f"  {tuning.beside_why}: the start stands")
+        return
     if not c.pairs:
         return
     start_held = held(search, tuning.baseline.knobs)

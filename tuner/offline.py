@@ -71,6 +71,9 @@ class Search(Rates):
         # clients, its most executed batch size, that size's mean compute ms)
         self.reference: tuple[Knobs, int, int, float] | None = None
         self.calibration: Calibration | None = None
+        # a finalist that beat the start side by side but held nowhere on its walk: the incumbent
+        # still, with no rate; the confirmation settles it beside the start (`_unsettled`)
+        self.unsettled: Score | None = None
 
     @staticmethod
     def edges_budget(sets: int, rules: Rules = RULES) -> int:
@@ -139,12 +142,16 @@ class Search(Rates):
                 log(f"    better: {k.label()}")
             return score
 
-        exhausted = drive(climb, measure, lambda: self.budget_left > 0)
-        incumbent = climb.result
-        stopped = "no neighbour beat the incumbent by more than the noise" if exhausted else \
-            f"trial budget ({self.max_trials}) used"
+        if incumbent is self.unsettled:
+            # no rate for a neighbour to beat: the confirmation settles it first
+            stopped = f"no climb: {incumbent.knobs.label()} held no rate on its walk"
+        else:
+            exhausted = drive(climb, measure, lambda: self.budget_left > 0)
+            incumbent = climb.result
+            stopped = "no neighbour beat the incumbent by more than the noise" if exhausted else \
+                f"trial budget ({self.max_trials}) used"
         tuning = Tuning(self.obj, baseline, incumbent, cm, self.bound, stopped_because=stopped, predicts=self.predicts)
-        if incumbent.passed:
+        if incumbent.passed or incumbent is self.unsettled:
             protect_and_confirm(self, tuning, cm)
         elif not self.obj.rps:
             lower_and_confirm(self, tuning)
@@ -240,11 +247,29 @@ class Search(Rates):
             if found.passed:
                 best, chosen = found, f
                 break
+        if chosen is None and not self.obj.rps:
+            best = self._unsettled(h, start) or best
         best = self._runner_up(best, chosen, h, start)
         names = ", ".join(f"{f.knobs.label()} (held {'-' if f.rate is None else f'{f.rate:.0f}'})"
                           for f in h.finalists)
         self.log(f"  finalists: {names}; incumbent {best.knobs.label()}")
         return best, [k for k, _ in runs]
+
+    def _unsettled(self, h: Halving, start: Knobs) -> Score | None:
+        """The finalist ranked first, above the start, when no finalist held on its walk: beside a
+        box that stalls, or with the search's trials spent mid-walk, a walk can end without a
+        verdict, and the side-by-side rank it won is the only comparison made in the same minutes.
+        It stays the incumbent, without a rate; the confirmation steps down beside the start from the
+        lowest rate the walk reached, and writes it only where it holds (`confirm.py`)."""
+        first = h.finalists[0] if h.finalists else None
+        if first is None or first.knobs == start:
+            return None
+        walked = [t.rate for t in self.t.trials if t.label == first.knobs.label() and t.phase == "finalist" and t.rate]
+        rate = min(walked, default=first.rate or h.rate)
+        self.log(f"  {first.knobs.label()} beat the start side by side but held nowhere on its walk: the "
+                 f"confirmation settles it beside the start, from {rate:.0f} req/s down")
+        self.unsettled = Score(first.knobs, float("-inf"), rate, None)
+        return self.unsettled
 
     def _runner_up(self, best: Score, chosen: Finalist | None, h: Halving, start: Knobs) -> Score:
         """A runner-up that held the screen's rate as high as the finalist that won: ranked below it
