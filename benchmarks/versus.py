@@ -32,7 +32,7 @@ from tritonkit.errors import input_error
 from tritonkit.files import write_bytes_atomic
 from tritonkit.loadtests.results import SCHEMA
 from tritonkit.slo import ERROR_BOUND
-from tritonkit.spec import ModelSpec
+from tritonkit.spec import ModelSpec, Spec
 from tritonkit.tuner.knobs import Knobs, from_spec, max_instances
 from tritonkit.tuner.run import max_batch_bound, tune_offline
 from tritonkit.tuner.settings import TuneSettings
@@ -96,7 +96,7 @@ def run_versus(case: str, out_dir: Path, *, ma_wall_s: float, rounds: int = 3, s
     return result
 
 
-def _search(case: str, spec, folder: Path, *, ma_wall_s: float, engine: str, max_trials: int, kit_runs: int,
+def _search(case: str, spec: Spec, folder: Path, *, ma_wall_s: float, engine: str, max_trials: int, kit_runs: int,
             model_analyzer_from: Path | None, log: Callable[[str], None]) -> Sitting:
     model = spec.models[0].name
     start = spec.model(model)
@@ -161,7 +161,7 @@ def _sitting(sides: dict[str, dict], ma: dict, start: ModelSpec, rps: float | No
     return Sitting(sides, entrants, claims, ma)
 
 
-def _judge(spec, model: str, sitting: Sitting, folder: Path, *, rounds: int, seconds: float, hold_loads: int,
+def _judge(spec: Spec, model: str, sitting: Sitting, folder: Path, *, rounds: int, seconds: float, hold_loads: int,
            hold_s: float, log: Callable[[str], None]) -> dict:
     """Every pick in the same rounds; each side's figure goes into its facts."""
     slo, rps = spec.model(model).slo.p95_ms, spec.model(model).slo.rps
