@@ -272,6 +272,7 @@ def test_a_winner_the_confirmation_cannot_hold_is_kept_when_it_beat_the_start_be
     sim = NeverConfirms()
     tuning = Search(sim, Objective(SLO_MS), bound=16, max_trials=TRIALS, log=lambda s: None).run(Knobs(16, 8000, 1))
     assert not tuning.confirmed and not tuning.kept and tuning.written
+    assert tuning.best.rate is None and tuning.claim_note.startswith("no claim")  # it missed every rate
     assert tuning.beside_start and all(w < s for w, s in tuning.beside_start)
     phases = [t.phase for t in sim.trials]
     assert phases[phases.index("confirm") + 1] == "beside"  # at the claimed rate, in the same minutes
@@ -279,6 +280,7 @@ def test_a_winner_the_confirmation_cannot_hold_is_kept_when_it_beat_the_start_be
     sim = NeverConfirms(start_faster=True)
     tuning = Search(sim, Objective(SLO_MS), bound=16, max_trials=TRIALS, log=lambda s: None).run(Knobs(16, 8000, 1))
     assert tuning.kept and not tuning.written and "slower than the start" in tuning.beside_why
+    assert not tuning.claim_note  # the start is written: no word on a claim the winner never gets
     assert "did not win its side-by-side runs" in tuning.differs_because  # why the best measured is not written
 
 
@@ -829,15 +831,16 @@ class SlowerWhenConfirming(SimulatedTrials):
     less (the box slowed down after the search): a clear fail above, an easy pass below. Its
     batcher collapses under overload, so the winner has no protective policy to confirm first."""
 
-    def __init__(self):
+    def __init__(self, holds_below: float = 0.7):
         super().__init__(collapses=True)
         self.first: float | None = None
+        self.holds_below = holds_below
 
     def run(self, k: Knobs, load: Load, phase: str, classes=None) -> Trial:
         t = super().run(k, load, phase)
         if phase == "confirm":
             self.first = self.first or load.rate
-            t.p95_ms = 0.5 * SLO_MS if load.rate <= 0.7 * self.first else 2 * SLO_MS
+            t.p95_ms = 0.5 * SLO_MS if load.rate <= self.holds_below * self.first else 2 * SLO_MS
             t.passed = t.p95_ms <= SLO_MS
         return with_latencies(t)
 
@@ -853,6 +856,32 @@ def test_the_confirmation_steps_down_while_its_trials_last():
     assert tuning.confirmed and tuning.best.rate <= 0.7 * sim.first
     assert tuning.best.rate >= 0.7 * sim.first / RULES.rate_step  # the first rung that holds, not lower
     assert len(sim.trials) <= TRIALS
+
+
+def test_a_confirmation_out_of_trials_claims_the_rate_its_runs_so_far_held():
+    """The box slowed far after the search: the winner misses rung after rung, and the trials kept
+    for the end run out while the first rung that holds has fewer runs than a confirmation pools.
+    The claim is that rung, from its runs so far pooled, never a rate the confirmation missed; with
+    no run at a rung that holds, there is no claim, and the report says which."""
+    rules = replace(RULES, max_steps_down=10)  # steps enough that the trials, not the steps, run out
+    for holds_below, partial in ((0.4, True), (0.25, False)):
+        sim, lines = SlowerWhenConfirming(holds_below), []
+        tuning = Search(sim, Objective(SLO_MS), bound=16, max_trials=TRIALS, log=lines.append,
+                        rules=rules).run(Knobs(16, 8000, 1))
+        confirming = [t for t in sim.trials if t.phase == "confirm"]
+        missed = sorted({round(t.rate) for t in confirming if not t.passed}, reverse=True)
+        assert not tuning.confirmed and len(sim.trials) == TRIALS
+        if partial:
+            held = [t for t in confirming if t.passed]
+            assert 0 < len(held) < RULES.runs and {t.rate for t in held} == {tuning.best.rate}
+            assert tuning.best.rate <= holds_below * sim.first and tuning.best.passed
+            assert tuning.best.trial.p95_ms == 0.5 * SLO_MS and [t.n for t in tuning.best.runs] == [t.n for t in held]
+            assert tuning.claim_note.startswith(f"claimed at {tuning.best.rate:.0f} req/s")
+        else:
+            assert all(not t.passed for t in confirming) and tuning.claim_note.startswith("no claim")
+            assert tuning.best.rate is None  # nothing downstream (the gateway limit, a judge) reads a claim
+        assert ", ".join(str(r) for r in missed) in tuning.claim_note
+        assert any(tuning.claim_note in line for line in lines)
 
 
 class LuckyOnce(TrueWorldTrials):

@@ -174,8 +174,8 @@ def cmd_tune(a: argparse.Namespace) -> int:
         if name in result.files:
             say(f"wrote {result.files[name]}")
     if t.written and not t.confirmed:
-        say("the winner beat the start beside it, but no rate it was measured at again held the SLO: "
-            "it is written without a confirmed claim (see the report)")
+        say("the winner beat the start beside it, but no rate it was measured at again was confirmed within "
+            f"the trials left: it is written, {t.claim_note or 'without a confirmed claim'} (see the report)")
     elif not t.confirmed:
         say("no config beat the start, and the start held no rate on a second measurement: nothing was "
             "changed (see the report)")

@@ -5,7 +5,7 @@ rate down until it holds (`ladder.down_from`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from tritonkit.configs.gateway import drops_queue_policies
@@ -75,25 +75,33 @@ def protect_and_confirm(search: Search, tuning: Tuning, cm: CostModel) -> None:
             tuning.differs_because = (f"{best.knobs.label()} won the search; its protective queue policy runs "
                                       f"{confirmed.knobs.instances} instances, as the probe found a bounded queue "
                                       "stalls the batcher on fewer")
-    if confirmed is None and not best.passed:
+    if confirmed is None and not best.passed and c.partial is None:
         # a finalist unsettled by its walk (offline.py `_unsettled`) is written only where it holds
         tuning.best, tuning.differs_because = tuning.baseline, ""
         tuning.beside_why = f"{best.knobs.label()} held at no rate of its confirmation"
         search.log(f"  {tuning.beside_why}: the start stands")
         return
-    if not c.pairs:
-        return
+    if c.pairs:
+        _settle_beside(search, tuning, best.knobs, c)
+    if confirmed is None and c.failed_at and not tuning.start_stands_beside:
+        _claim_what_held(search, tuning, c)
+
+
+def _settle_beside(search: Search, tuning: Tuning, winner: Knobs, c: Confirmation) -> None:
+    """Whether the winner beat the start in the pairs beside it (`noise.start_stands`); where it did
+    not, the start is what is written."""
     start_held = held(search, tuning.baseline.knobs)
-    winner_held = max(held(search, best.knobs), (confirmed.rate or 0.0) if confirmed else 0.0)
+    measured_again = c.score or c.partial
+    winner_held = max(held(search, winner), (measured_again.rate or 0.0) if measured_again else 0.0)
     clearly = faster_in_pairs(tuning.beside_start, search.noise.log_sd, search.rules)
     tuning.start_stands_beside = start_stands(tuning.beside_start, search.noise.log_sd, start_held, winner_held,
                                               search.rules)
     if clearly is not None:
-        why = f"{best.knobs.label()} was {'faster' if clearly else 'slower'} than the start in most of the pairs " \
+        why = f"{winner.label()} was {'faster' if clearly else 'slower'} than the start in most of the pairs " \
               "beside it at the confirmation that stood out of the noise"
     else:
         why = (f"within the noise beside it at the confirmation; the start held {start_held:.0f} req/s on its own, "
-               f"{best.knobs.label()} {winner_held:.0f}")
+               f"{winner.label()} {winner_held:.0f}")
     tuning.beside_why = why
     search.log(f"  beside the start: P95 {pairs_text(tuning.beside_start)} ms: {why}; "
                + ("the start stands" if tuning.start_stands_beside else "the winner stands"))
@@ -161,10 +169,33 @@ def _protected(search: Search, tuning: Tuning, k: Knobs, cm: CostModel, capacity
     return None
 
 
+def _claim_what_held(search: Search, tuning: Tuning, c: Confirmation) -> None:
+    """The trials ran out before any rate was confirmed, after the winner missed the rates above: its
+    claim is never one of those. It is the rate whose runs so far, pooled, met the SLO, or none."""
+    if c.partial is not None:
+        r, n = c.partial.rate or 0.0, len(c.partial.runs)
+        tuning.best = c.partial
+        tuning.claim_note = (f"claimed at {r:.0f} req/s, where its {n} run{'s' if n > 1 else ''} so far, pooled, met "
+                             f"the SLO; the trials ran out before the {search.rules.runs} a confirmation pools, "
+                             f"and it missed at {_rates(c.failed_at)} req/s")
+    else:  # the figure stays the search's, which the report shows as not confirmed
+        tuning.best = replace(tuning.best, rate=None)
+        tuning.claim_note = (f"no claim: it missed its confirmation at {_rates(c.failed_at)} req/s and the "
+                             "trials ran out before a lower rate was measured")
+    search.log(f"  {tuning.claim_note}")
+
+
+def _rates(rates: list[float]) -> str:
+    return ", ".join(f"{r:.0f}" for r in rates)
+
+
 @dataclass
 class Confirmation:
     score: Score | None  # the first candidate confirmed; None where none held
     pairs: list[tuple[Trial, Trial]] = field(default_factory=list)  # (a candidate's run, the start's beside it)
+    failed_at: list[float] = field(default_factory=list)  # the rates where every candidate's verdict failed
+    # where the trials ran out mid-verdict: the runs so far at that rate, pooled, where they meet the SLO
+    partial: Score | None = None
 
 
 def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: bool, objective: Objective,
@@ -177,8 +208,7 @@ def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: boo
     and between its runs wherever its verdict is open (W S W S W), each pair kept: whether the winner
     beat the start is decided in the same minutes, whatever rate it holds."""
     end = len(trials.trials) + (limit if limit is not None else rules.max_steps_down * rules.runs * len(candidates))
-    found: list[Score] = []
-    pairs: list[tuple[Trial, Trial]] = []
+    c = Confirmation(None)
 
     def more() -> bool:
         return len(trials.trials) < end
@@ -188,22 +218,30 @@ def confirm(trials: Trials, candidates: list[Knobs], rate: float, step_down: boo
             runs: list[Trial] = []
             while True:
                 verdict = confirmation_verdict(runs, objective, rules)
-                if runs and beside is not None and more() and (verdict is None or not pairs):
+                if runs and beside is not None and more() and (verdict is None or not c.pairs):
                     # the start beside the run just made: while the verdict is open, and at the claim
-                    pairs.append((runs[-1], trials.run(beside, trials.confirm_load(r), "beside")))
+                    c.pairs.append((runs[-1], trials.run(beside, trials.confirm_load(r), "beside")))
                 if verdict is not None or not more():
                     break
                 runs.append(trials.run(k, trials.confirm_load(r), "confirm"))
             if verdict:
-                p = pooled(runs, passed=True)
-                found.append(Score(k, p.ok_rps if step_down else -p.p95_ms, r, p, runs))
+                c.score = _score(k, runs, r, step_down)
                 return True
-            if verdict is None:
-                return False  # out of trials mid-verdict
+            if verdict is None:  # out of trials mid-verdict
+                so_far = pooled(runs) if runs else None
+                if so_far and objective.holds(so_far.p95_ms, so_far.error_ratio, rules.error_margin):
+                    c.partial = _score(k, runs, r, step_down)
+                return False
+        c.failed_at.append(r)
         return False
 
     down_from(rate, holds, rules.rate_step, more, rules.max_steps_down if step_down else 1)
-    return Confirmation(found[0] if found else None, pairs)
+    return c
+
+
+def _score(k: Knobs, runs: list[Trial], rate: float, step_down: bool) -> Score:
+    p = pooled(runs, passed=True)
+    return Score(k, p.ok_rps if step_down else -p.p95_ms, rate, p, runs)
 
 
 def confirmation_verdict(runs: list[Trial], objective: Objective, rules: Rules = RULES) -> bool | None:

@@ -54,6 +54,7 @@ class Tuning:
     bound: int
     overload: list[Trial] = field(default_factory=list)  # the checks of the protective policy, in order
     confirmed: bool = False
+    claim_note: str = ""  # why an unconfirmed winner claims the rate it does (`confirm._claim_what_held`)
     stopped_because: str = ""
     policy_note: str = ""  # why the winner has no protective queue policy, when it has none
     noise_log_sd: float | None = None  # run-to-run standard deviation of log P95 measured on this machine

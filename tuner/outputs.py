@@ -58,7 +58,7 @@ def log_json(model: str, tuning: Tuning, trials: list[Trial], seconds: float, ab
         "bound": tuning.bound,
         "cost_model": tuning.cost_model.to_json() if tuning.cost_model else None,
         "baseline": _score(tuning.baseline), "best": _score(tuning.best), "confirmed": tuning.confirmed,
-        "written": tuning.written, "cost_model_predicts": tuning.predicts,
+        "claim_note": tuning.claim_note, "written": tuning.written, "cost_model_predicts": tuning.predicts,
         "best_measured": None if tuning.best_measured is None else
         {"label": tuning.best_measured[0], "rate": tuning.best_measured[1]},
         "differs_because": tuning.differs_because,
@@ -177,7 +177,8 @@ def write_report(out_dir: Path, model: str, tuning: Tuning, trials: list[Trial],
              f"Objective: {tuning.objective.describe()}.", "",
              "| | config | req/s | P95 ms | errors |", "| --- | --- | --- | --- | --- |",
              *([line("kept", w)] if tuning.kept else [line("before", b), line("after", w)]), "",
-             f"Confirmed by a second measurement: {'yes' if tuning.confirmed else 'no'}. "
+             f"Confirmed by a second measurement: {'yes' if tuning.confirmed else 'no'}"
+             + (f" ({tuning.claim_note})" if tuning.claim_note else "") + ". "
              f"Search stopped: {tuning.stopped_because}. {len(trials)} trials in {seconds:.0f} s.", "",
              f"Measured by: {measured_by(trials)}.", ""]
     if tuning.beside_start:

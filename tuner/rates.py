@@ -53,7 +53,7 @@ class Rates:
         """Trials kept for the end: the overload checks and the confirmation (a fixed target rate
         is confirmed at that rate only: one set of three pooled runs)."""
         r = self.rules
-        return r.final_trials - r.runs if self.obj.rps else r.final_trials
+        return r.final_trials - r.rate_trials if self.obj.rps else r.final_trials
 
     @property
     def final_left(self) -> int:

@@ -78,10 +78,14 @@ class Rules:
     online_latency_floor: float = 0.5
 
     @property
+    def rate_trials(self) -> int:
+        """A confirmation's trials at one rate: its runs, the start's beside each but the last (W S W S W)."""
+        return 2 * self.runs - 1
+
+    @property
     def final_trials(self) -> int:
-        """Trials kept for the end: the overload checks, a confirmation at two rates at most, and
-        the start's runs beside the first."""
-        return len(self.overload_factors) + 3 * self.runs - 1
+        """Trials kept for the end: the overload checks and a confirmation at two rates."""
+        return len(self.overload_factors) + 2 * self.rate_trials
 
 
 RULES = Rules()

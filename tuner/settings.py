@@ -27,8 +27,8 @@ class TuneSettings:
     p95_ms: float | None = None  # None: the model's slo.p95_ms
     rps: float | None = None  # offline: the lowest P95 at this rate; None: the highest rate within the SLO
     # offline: calibration, the start, a screen of the whole space (10 configs on two cores) over its
-    # rounds, the finalists' edges, the overload gate and a confirmation beside the start
-    max_trials: int = 40
+    # rounds, the finalists' edges, the overload gate and a confirmation at two rates beside the start
+    max_trials: int = 42
     max_errors: float = ERROR_BOUND  # offline: error ratio a trial may have
     max_batch: int | None = None  # offline: the largest max batch to try
     margin: float = RULES.slo_margin  # offline: share of the SLO held back
