@@ -26,6 +26,7 @@ from tritonkit.loadtests.stalls import without_stalls
 from tritonkit.server_traits import ServerTraits
 from tritonkit.spec import Batching, QueuePolicy
 from tritonkit.stats import relative_range
+from tritonkit.tuner.confirm import confirm
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs, grid, powers_of_two
 from tritonkit.tuner.noise import Noise, clear, faster_in_pairs, majority, start_stands, wins
@@ -882,6 +883,16 @@ def test_a_confirmation_out_of_trials_claims_the_rate_its_runs_so_far_held():
             assert tuning.best.rate is None  # nothing downstream (the gateway limit, a judge) reads a claim
         assert ", ".join(str(r) for r in missed) in tuning.claim_note
         assert any(tuning.claim_note in line for line in lines)
+
+
+def test_trials_that_run_out_at_the_first_rate_keep_its_runs_so_far():
+    """Out of trials two runs into the first rate (W S W), both within the SLO: no verdict and no rate
+    missed, but the runs so far, pooled, are what a claim there rests on."""
+    sim, start, k = SlowerWhenConfirming(holds_below=1.0), Knobs(16, 0, 1), Knobs(8, 0, 2)
+    c = confirm(sim, [k], 500.0, step_down=True, objective=Objective(SLO_MS), limit=3, beside=start)
+    assert c.score is None and not c.failed_at and len(c.pairs) == 1  # the start beside the first run
+    assert c.partial is not None and c.partial.rate == 500.0 and [t.phase for t in c.partial.runs] == ["confirm"] * 2
+    assert c.partial.trial.p95_ms == 0.5 * SLO_MS and len(sim.trials) == 3
 
 
 class LuckyOnce(TrueWorldTrials):

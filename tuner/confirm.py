@@ -83,7 +83,7 @@ def protect_and_confirm(search: Search, tuning: Tuning, cm: CostModel) -> None:
         return
     if c.pairs:
         _settle_beside(search, tuning, best.knobs, c)
-    if confirmed is None and c.failed_at and not tuning.start_stands_beside:
+    if confirmed is None and (c.failed_at or c.partial) and not tuning.start_stands_beside:
         _claim_what_held(search, tuning, c)
 
 
@@ -170,14 +170,15 @@ def _protected(search: Search, tuning: Tuning, k: Knobs, cm: CostModel, capacity
 
 
 def _claim_what_held(search: Search, tuning: Tuning, c: Confirmation) -> None:
-    """The trials ran out before any rate was confirmed, after the winner missed the rates above: its
-    claim is never one of those. It is the rate whose runs so far, pooled, met the SLO, or none."""
+    """The trials ran out before any rate was confirmed: the winner's claim is never a rate its
+    confirmation missed, nor the search's figure. It is the rate whose runs so far, pooled, met the
+    SLO, or none."""
     if c.partial is not None:
         r, n = c.partial.rate or 0.0, len(c.partial.runs)
         tuning.best = c.partial
         tuning.claim_note = (f"claimed at {r:.0f} req/s, where its {n} run{'s' if n > 1 else ''} so far, pooled, met "
-                             f"the SLO; the trials ran out before the {search.rules.runs} a confirmation pools, "
-                             f"and it missed at {_rates(c.failed_at)} req/s")
+                             f"the SLO; the trials ran out before the {search.rules.runs} a confirmation pools"
+                             + (f", and it missed at {_rates(c.failed_at)} req/s" if c.failed_at else ""))
     else:  # the figure stays the search's, which the report shows as not confirmed
         tuning.best = replace(tuning.best, rate=None)
         tuning.claim_note = (f"no claim: it missed its confirmation at {_rates(c.failed_at)} req/s and the "
