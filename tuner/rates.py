@@ -51,7 +51,7 @@ class Rates:
     @property
     def reserved(self) -> int:
         """Trials kept for the end: the overload checks and the confirmation (a fixed target rate
-        is confirmed at that rate only: one set of three pooled runs)."""
+        is confirmed at that rate only: one rate's runs with the start beside them)."""
         r = self.rules
         return r.final_trials - r.rate_trials if self.obj.rps else r.final_trials
 
