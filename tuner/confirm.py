@@ -13,7 +13,7 @@ from tritonkit.server_traits import ServerTraits
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs
 from tritonkit.tuner.ladder import down_from
-from tritonkit.tuner.noise import Noise, faster_in_pairs, majority, start_stands
+from tritonkit.tuner.noise import Noise, clear_wins, majority, start_stands
 from tritonkit.tuner.objective import Objective, Score, Tuning
 from tritonkit.tuner.pooled import pooled, pooled_verdict
 from tritonkit.tuner.protect import Budget, classes_for, measured_overhead_ms, overload_holds, protect, tightened
@@ -93,15 +93,14 @@ def _settle_beside(search: Search, tuning: Tuning, winner: Knobs, c: Confirmatio
     start_held = held(search, tuning.baseline.knobs)
     measured_again = c.score or c.partial
     winner_held = max(held(search, winner), (measured_again.rate or 0.0) if measured_again else 0.0)
-    clearly = faster_in_pairs(tuning.beside_start, search.noise.log_sd, search.rules)
     tuning.start_stands_beside = start_stands(tuning.beside_start, search.noise.log_sd, start_held, winner_held,
                                               search.rules)
-    if clearly is not None:
-        why = f"{winner.label()} was {'faster' if clearly else 'slower'} than the start in most of the pairs " \
-              "beside it at the confirmation that stood out of the noise"
-    else:
-        why = (f"within the noise beside it at the confirmation; the start held {start_held:.0f} req/s on its own, "
-               f"{winner.label()} {winner_held:.0f}")
+    winner_clearly, start_clearly = clear_wins(tuning.beside_start, search.noise.log_sd, search.rules)
+    n = len(tuning.beside_start)
+    why = f"beside the start at the confirmation, {winner.label()} was the faster in {winner_clearly} of {n} pairs " \
+          f"and the start in {start_clearly}, out of the noise"
+    if winner_clearly <= start_clearly:
+        why += f"; the start held {start_held:.0f} req/s on its own, {winner.label()} {winner_held:.0f}"
     tuning.beside_why = why
     search.log(f"  beside the start: P95 {pairs_text(tuning.beside_start)} ms: {why}; "
                + ("the start stands" if tuning.start_stands_beside else "the winner stands"))

@@ -12,7 +12,8 @@ therefore rests on repeated runs, judged against the measured run-to-run noise.
   linearly over the four runs hits both sides alike), when it is faster in every pair and its
   mean gain is larger than the noise of that mean.
 - A search's winner replaces the start only where it beat the start beside it at the confirmation:
-  a tie there leaves the start, when the start held as much on its own (`start_stands`).
+  the start stands where it was clearly faster in most of the pairs there, or on a tie where it
+  held as much on its own (`start_stands`).
 """
 
 from __future__ import annotations
@@ -68,21 +69,27 @@ def clear(p95_ms: float | None, passed: bool, target_ms: float, log_sd: float, r
     return distance < -rules.clear * log_sd if passed else distance > rules.clear * log_sd
 
 
-def faster_in_pairs(pairs: list[tuple[float, float]], log_sd: float, rules: Rules = RULES) -> bool | None:
-    """Which side of interleaved pairs of P95s, (a, b), was faster: True for a, False for b, None
-    when the clear pairs split evenly or none is clear. A pair counts only when its two P95s are
-    more than `rules.clear` SDs of their difference apart (each run is noisy: √2 log SDs); a run
-    that failed outright (inf) loses to one that did not, and two such runs decide nothing."""
-    decided = []
+def clear_wins(pairs: list[tuple[float, float]], log_sd: float, rules: Rules = RULES) -> tuple[int, int]:
+    """In how many interleaved pairs of P95s, (a, b), each side was clearly faster: (a's, b's). A pair
+    counts only when its two P95s are more than `rules.clear` SDs of their difference apart (each
+    run is noisy: √2 log SDs); a run that failed outright (inf) loses to one that did not, and two
+    such runs decide nothing."""
+    a_wins = b_wins = 0
     for a, b in pairs:
         if math.isinf(a) or math.isinf(b):
             if math.isinf(a) != math.isinf(b):
-                decided.append(math.isinf(b))
+                a_wins, b_wins = a_wins + math.isinf(b), b_wins + math.isinf(a)
             continue
         gap = math.log(b / a)
         if abs(gap) > rules.clear * math.sqrt(2) * log_sd:
-            decided.append(gap > 0)
-    a_wins, b_wins = sum(decided), len(decided) - sum(decided)
+            a_wins, b_wins = a_wins + (gap > 0), b_wins + (gap < 0)
+    return a_wins, b_wins
+
+
+def faster_in_pairs(pairs: list[tuple[float, float]], log_sd: float, rules: Rules = RULES) -> bool | None:
+    """Which side of interleaved pairs of P95s, (a, b), was clearly faster in more of them
+    (`clear_wins`): True for a, False for b, None when the clear pairs split evenly or none is clear."""
+    a_wins, b_wins = clear_wins(pairs, log_sd, rules)
     return None if a_wins == b_wins else a_wins > b_wins
 
 
@@ -90,14 +97,20 @@ def start_stands(pairs: list[tuple[float, float]], log_sd: float, start_held: fl
                  rules: Rules = RULES) -> bool:
     """Whether the start, not the search's winner, is what to write, from the confirmation's pairs
     beside it, (winner P95, start P95), and the highest rate each held by a verdict on its own. The
-    winner beat the start side by side before (the screen's rounds, the climb's pairs): the start
-    stands where it was clearly faster in more pairs here (`faster_in_pairs`), and on a tie within
-    the noise where it was no slower in most pairs and held at least the winner's rate itself (a
-    screen run the winner passed by luck, then walked down from, is no evidence against a start
-    that held more). Pairs that split evenly leave the side-by-side win where it was."""
-    clearly = faster_in_pairs(pairs, log_sd, rules)
-    if clearly is not None:
-        return not clearly
+    winner beat the start side by side before (the screen's rounds, the climb's pairs), so the two
+    sides are not alike here:
+    - the winner stands where it was clearly faster in more pairs than the start (`clear_wins`);
+    - the start stands on clear pairs only where it was clearly faster in most of all the pairs: one
+      clear pair among runs within the noise can be a burst on the box (a run ten times its others),
+      and one run does not undo the side-by-side win;
+    - otherwise it is a tie within the noise, and the start stands where it was no slower in most
+      pairs and held at least the winner's rate itself (a screen run the winner passed by luck, then
+      walked down from, is no evidence against a start that held more)."""
+    winner_clearly, start_clearly = clear_wins(pairs, log_sd, rules)
+    if winner_clearly > start_clearly:
+        return False
+    if start_clearly > winner_clearly and 2 * start_clearly > len(pairs):
+        return True
     start_as_fast = sum(s <= w for w, s in pairs)
     return 2 * start_as_fast > len(pairs) and start_held >= winner_held
 
