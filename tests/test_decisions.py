@@ -29,7 +29,7 @@ from tritonkit.stats import relative_range
 from tritonkit.tuner.confirm import confirm
 from tritonkit.tuner.costmodel import CostModel
 from tritonkit.tuner.knobs import Knobs, grid, powers_of_two
-from tritonkit.tuner.noise import Noise, clear, clear_wins, faster_in_pairs, majority, start_stands, wins
+from tritonkit.tuner.noise import Noise, clear, clear_wins, majority, start_stands, wins
 from tritonkit.tuner.objective import Objective
 from tritonkit.tuner.offline import Search
 from tritonkit.tuner.online import Controller, Observation, OnlineSettings
@@ -406,11 +406,11 @@ def test_a_tie_beside_the_start_keeps_the_start_only_where_it_held_as_much_and_l
     while the start had held 3,723 on its own; beside it, one pair each way (the winner stands, and
     the judge put it at 4,705 req/s against the start's 3,283-3,755 in two rounds of three)."""
     convnet = [(13.1, 8.9), (6.9, 5.9)]
-    assert faster_in_pairs(convnet, log_sd=1.1) is None
+    assert clear_wins(convnet, log_sd=1.1) == (0, 0)
     assert start_stands(convnet, 1.1, start_held=3891.0, winner_held=2559.0)
     assert not start_stands(convnet, 1.1, start_held=2000.0, winner_held=2559.0)
     split = [(8.9, 12.9), (25.6, 11.1)]
-    assert faster_in_pairs(split, log_sd=1.43) is None
+    assert clear_wins(split, log_sd=1.43) == (0, 0)
     assert not start_stands(split, 1.43, start_held=3723.0, winner_held=2815.0)
     tiny = [(12.2, 18.6), (10.3, 9.8), (9.8, 9.6)]
     assert not start_stands(tiny, 0.77, start_held=3458.0, winner_held=4574.0)
@@ -425,7 +425,6 @@ def test_one_burst_beside_the_start_does_not_undo_the_winners_side_by_side_win()
     which held no rate on its own, does not stand. Clear in two of three pairs, it does."""
     burst = [(139.0, 7.5), (8.4, 8.1), (7.9, 8.6)]
     assert clear_wins(burst, 0.94) == (0, 1)
-    assert faster_in_pairs(burst, 0.94) is False  # the symmetric count: only the rule for the start differs
     assert not start_stands(burst, 0.94, start_held=0.0, winner_held=3357.0)
     assert start_stands(burst, 0.94, start_held=3357.0, winner_held=3357.0)  # a tie the start led and held as much
     twice = [(139.0, 7.5), (120.0, 7.9), (7.9, 8.6)]
@@ -1532,14 +1531,13 @@ def test_joint_tuning_moves_the_bottleneck_first_and_beats_the_configs_tuned_alo
 
 def test_pairs_within_the_noise_decide_nothing():
     """The confirmation's start-beside-winner pairs: a 2% gap on a box whose runs swing by 20% is no
-    verdict, nor are two runs that both failed outright; only clear pairs count, and a split of
-    them leaves the search's verdict (None)."""
+    verdict, nor are two runs that both failed outright; only clear pairs count for either side."""
     inf = math.inf
-    assert faster_in_pairs([(22.4, 21.9), (inf, inf)], log_sd=0.2) is None
-    assert faster_in_pairs([(157.4, 96.0), (8.1, 47.8), (22.4, 21.9)], log_sd=0.2) is True  # one clear pair
-    assert faster_in_pairs([(30.0, 10.0), (31.0, 10.5), (8.0, 40.0)], log_sd=0.2) is False
-    assert faster_in_pairs([(30.0, 10.0)], log_sd=1.2) is None  # on a box that noisy, 3x says nothing
-    assert faster_in_pairs([(inf, 12.0)], log_sd=1.2) is False  # a run that failed outright loses
+    assert clear_wins([(22.4, 21.9), (inf, inf)], log_sd=0.2) == (0, 0)
+    assert clear_wins([(157.4, 96.0), (8.1, 47.8), (22.4, 21.9)], log_sd=0.2) == (1, 0)  # one clear pair
+    assert clear_wins([(30.0, 10.0), (31.0, 10.5), (8.0, 40.0)], log_sd=0.2) == (1, 2)
+    assert clear_wins([(30.0, 10.0)], log_sd=1.2) == (0, 0)  # on a box that noisy, 3x says nothing
+    assert clear_wins([(inf, 12.0)], log_sd=1.2) == (0, 1)  # a run that failed outright loses
 
 
 def test_the_in_flight_limit_is_the_largest_closed_loop_that_held_and_one_miss_cuts_nothing():

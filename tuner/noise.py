@@ -86,13 +86,6 @@ def clear_wins(pairs: list[tuple[float, float]], log_sd: float, rules: Rules = R
     return a_wins, b_wins
 
 
-def faster_in_pairs(pairs: list[tuple[float, float]], log_sd: float, rules: Rules = RULES) -> bool | None:
-    """Which side of interleaved pairs of P95s, (a, b), was clearly faster in more of them
-    (`clear_wins`): True for a, False for b, None when the clear pairs split evenly or none is clear."""
-    a_wins, b_wins = clear_wins(pairs, log_sd, rules)
-    return None if a_wins == b_wins else a_wins > b_wins
-
-
 def start_stands(pairs: list[tuple[float, float]], log_sd: float, start_held: float, winner_held: float,
                  rules: Rules = RULES) -> bool:
     """Whether the start, not the search's winner, is what to write, from the confirmation's pairs
